@@ -1,0 +1,250 @@
+"""DeepResearch-v0: a text environment for search / visit / answer agents.
+
+Where we deviate from DR-Venus and why:
+- The default world is an embedded, generated research world with a local full-text index
+  and an extractive visit summarizer, so the environment runs offline on a laptop. The
+  same tool interface serves real corpora, a Search-R1 retrieval server and an LLM
+  summarizer over any OpenAI-compatible endpoint.
+- Budgets count tokens with a pluggable counter (default: 4 characters per token), since
+  the environment itself must not depend on a tokenizer.
+- Information gain needs the policy, so the trainer computes it; `step` returns only the
+  outcome score and the turn-level format penalty.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+from venus_gym.corpus import Task
+from venus_gym.protocol import (
+    FORCED_FINAL_NOTICE,
+    format_error_notice,
+    format_tool_response,
+    parse_turn,
+    render_system_prompt,
+)
+from venus_gym.scoring import score_answer
+
+from .config import DeepResearchConfig
+from .resources import build_toolbox, select_tasks, world_and_index
+from .spaces import UnicodeText
+
+
+def approx_token_count(text: str) -> int:
+    """Fast tokenizer-free estimate: about 4 characters per token for English text."""
+    return (len(text) + 3) // 4
+
+
+class DeepResearchEnv(gym.Env[str, str]):
+    """A deep-research episode: answer one question by searching and reading pages.
+
+    ## Description
+    On reset the environment picks a task (a multi-hop question) from its world and
+    returns the question. Each step takes one assistant turn in the DR-Venus format:
+    reasoning in `<think>...</think>`, then exactly one tool call
+    `<tool_call>{"name": "search"|"visit", "arguments": {...}}</tool_call>` or a final
+    `<answer>...</answer>`. Tool calls run against the world's search index and page
+    store and their output comes back as the next observation. The system prompt with
+    the tool schemas is `env.unwrapped.system_prompt` (also in the reset `info`).
+
+    ## Action Space
+    `UnicodeText(max_action_chars)`: any Unicode string up to `max_action_chars`
+    characters (default 1,000,000). Parsing is strict and total: malformed text is a
+    malformed turn, never an exception.
+
+    ## Observation Space
+    `UnicodeText(max_observation_chars)` (default 4,000,000 characters):
+    - on reset: the question;
+    - after a tool turn: `<tool_response>\\n{search results or page evidence}\\n</tool_response>`;
+    - after a malformed turn: a `<tool_response>` notice saying what was wrong;
+    - at a turn/context budget (with `forced_final_answer`): the "answer now" notice;
+    - after the episode ends: the empty string.
+
+    ## Rewards
+    - Answer turn: the outcome score of the answer against all gold answers,
+      `reward_metric` 'em' (1/0) or 'f1' (SQuAD normalisation, HotpotQA yes/no rule).
+    - Malformed turn: `-format_penalty` (turn-level format penalty, default 1.0); a
+      malformed forced final turn likewise.
+    - Valid tool turn: 0 (information gain is computed by the trainer, which has the policy).
+
+    ## Starting State
+    A task drawn uniformly from the selected split with the env's seeded RNG, or the one
+    named by `options={"task_id": ...}` / `options={"task_index": ...}` in `reset`.
+
+    ## Episode End
+    - Termination: a well-formed answer turn.
+    - Truncation: `max_turns` turns or `max_context_tokens` used. With
+      `forced_final_answer` (default) the observation at the budget is replaced by the
+      "provide the final answer now" notice and one more turn is allowed: a well-formed
+      answer then terminates (and is scored), anything else truncates with the penalty.
+
+    ## Info
+    `turn`, `kind` (search / visit / answer / invalid), `valid`, `reason`, `intent`,
+    `tool_calls` (name, arguments, ok, error, urls), `score` and `answer` on answer turns,
+    `tokens_used`, `forced_final`, `task_id`, `hops`; `gold_answers` only with
+    `reveal_answer_in_info=True`.
+
+    ## Arguments
+    See `envs.config.DeepResearchConfig` (every keyword of `gym.make`, with help text):
+    world, world_size, world_seed, task_split, test_fraction, hops, max_turns,
+    max_context_tokens, max_turn_tokens, forced_final_answer, token_counter,
+    reward_metric, format_penalty, tools, search_top_k, max_queries_per_call,
+    max_urls_per_call, search_backend, retrieval_url, summarizer, summarizer_url,
+    summarizer_model, tool_timeout_s, tool_retries, date, reveal_answer_in_info,
+    max_action_chars, max_observation_chars, and `render_mode` ('ansi' or 'human').
+
+    ## Version History
+    - v0: initial release (DR-Venus turn format, search + visit tools, embedded world,
+      HotpotQA variant).
+    """
+
+    metadata = {"render_modes": ["ansi", "human"]}
+
+    def __init__(self, render_mode: str | None = None, *, toolbox: Any = None, **kwargs: Any):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} "
+                             f"or None, got {render_mode!r}")
+        self.config = DeepResearchConfig.from_kwargs(**kwargs)
+        self.render_mode = render_mode
+        self.world, index = world_and_index(self.config)
+        self.tasks: list[Task] = select_tasks(self.world, self.config)
+        self._task_by_id = {t.id: t for t in self.tasks}
+        # A toolbox may be passed in so a group of environments shares one backend stack.
+        self.toolbox = toolbox if toolbox is not None else build_toolbox(
+            self.config, self.world, index)
+        self.count_tokens = self.config.token_counter or approx_token_count
+        self.system_prompt = render_system_prompt(self.config.tools, date=self.config.date)
+        self._system_tokens = self.count_tokens(self.system_prompt)
+        self.action_space = UnicodeText(self.config.max_action_chars)
+        self.observation_space = UnicodeText(self.config.max_observation_chars)
+        self.task: Task | None = None
+        self._done = True
+        self._reset_called = False
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.task = self._choose_task(options or {})
+        self.turn = 0
+        self.tokens_used = self._system_tokens + self.count_tokens(self.task.question)
+        self.forced_final = False
+        self._done = False
+        self._reset_called = True
+        self.transcript: list[tuple[str, str]] = [("user", self.task.question)]
+        info = {"task_id": self.task.id, "hops": self.task.hops, "turn": 0,
+                "question": self.task.question, "system_prompt": self.system_prompt,
+                "tokens_used": self.tokens_used}
+        if self.config.reveal_answer_in_info:
+            info["gold_answers"] = list(self.task.answers)
+        if self.render_mode == "human":
+            self.render()
+        return self.task.question, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if not self._reset_called:
+            raise gym.error.ResetNeeded("Call reset before step")
+        if self._done:
+            raise gym.error.ResetNeeded("The episode has ended: call reset before step")
+        if not isinstance(action, str):
+            raise TypeError(f"DeepResearch-v0 actions are str (one assistant turn), "
+                            f"got {type(action).__name__}")
+        cfg = self.config
+        task = self.task
+        assert task is not None
+        self.turn += 1
+        action_tokens = self.count_tokens(action)
+        parsed = parse_turn(action, cfg.tools)
+        valid, reason = parsed.valid, parsed.reason
+        if valid and action_tokens > cfg.max_turn_tokens:
+            valid, reason = False, (f"turn is {action_tokens} tokens, over the per-turn cap "
+                                    f"of {cfg.max_turn_tokens}")
+        if valid and self.forced_final and parsed.kind != "answer":
+            valid, reason = False, "a tool call was made after the final-answer notice"
+        kind = parsed.kind if valid else "invalid"
+
+        info: dict[str, Any] = {"turn": self.turn, "kind": kind, "valid": valid,
+                                "reason": reason, "intent": parsed.intent, "tool_calls": [],
+                                "forced_final": self.forced_final, "task_id": task.id,
+                                "hops": task.hops}
+        reward, terminated, truncated = 0.0, False, False
+        if kind == "answer":
+            answer = parsed.answer or ""
+            reward = score_answer(answer, task.answers, cfg.reward_metric)
+            info["answer"], info["score"] = answer, reward
+            terminated, obs = True, ""
+        elif kind == "invalid":
+            reward = -cfg.format_penalty
+            if self.forced_final:  # the one last chance was wasted
+                truncated, obs = True, ""
+            else:
+                obs = format_error_notice(reason)
+        else:
+            call = parsed.tool_call
+            assert call is not None
+            outcome = self.toolbox.call(call.name, call.arguments)
+            info["tool_calls"] = [{"name": call.name, "arguments": call.arguments,
+                                   "ok": outcome.ok, "error": outcome.error,
+                                   "urls": list(outcome.urls)}]
+            obs = format_tool_response(outcome.text)
+
+        if len(obs) > cfg.max_observation_chars:
+            obs = obs[: cfg.max_observation_chars]
+        self.tokens_used += action_tokens + self.count_tokens(obs)
+        if not (terminated or truncated) and (
+                self.turn >= cfg.max_turns or self.tokens_used >= cfg.max_context_tokens):
+            if cfg.forced_final_answer and not self.forced_final:
+                # DR-Venus replaces the last message by the notice, then allows one turn.
+                self.tokens_used -= self.count_tokens(obs)
+                obs = FORCED_FINAL_NOTICE
+                self.tokens_used += self.count_tokens(obs)
+                self.forced_final = True
+                info["forced_final"] = True
+            else:
+                truncated, obs = True, ""
+        info["tokens_used"] = self.tokens_used
+        if cfg.reveal_answer_in_info:
+            info["gold_answers"] = list(task.answers)
+        self._done = terminated or truncated
+        self.transcript.append(("assistant", action))
+        if obs:
+            self.transcript.append(("user", obs))
+        if self.render_mode == "human":
+            self.render()
+        return obs, float(reward), terminated, truncated, info
+
+    def render(self) -> str | None:
+        if self.render_mode is None:
+            gym.logger.warn("render() called without a render_mode; pass render_mode='ansi' "
+                            "or 'human' to gym.make")
+            return None
+        if not self._reset_called:
+            text = "(no episode yet: call reset)"
+        else:
+            text = "\n\n".join(f"[{role}]\n{content}" for role, content in self.transcript)
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
+
+    # ------------------------------------------------------------------ helpers
+    def _choose_task(self, options: dict[str, Any]) -> Task:
+        unknown = set(options) - {"task_id", "task_index"}
+        if unknown:
+            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; valid: task_id, "
+                             f"task_index")
+        if "task_id" in options:
+            task_id = options["task_id"]
+            if task_id not in self._task_by_id:
+                raise KeyError(f"task_id {task_id!r} is not in this environment's "
+                               f"{len(self.tasks)} tasks (split {self.config.task_split!r})")
+            return self._task_by_id[task_id]
+        if "task_index" in options:
+            i = options["task_index"]
+            if not isinstance(i, int) or not 0 <= i < len(self.tasks):
+                raise IndexError(f"task_index must be an int in [0, {len(self.tasks)}), "
+                                 f"got {i!r}")
+            return self.tasks[i]
+        return self.tasks[int(self.np_random.integers(len(self.tasks)))]

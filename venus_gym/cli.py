@@ -1,0 +1,143 @@
+"""The `venus-gym` command.
+
+    venus-gym demo                 # oracle agent on a fresh embedded world: episodes + score
+    venus-gym world build OUT      # generate a world and save it as JSONL (corpus, tasks)
+    venus-gym world info PATH      # counts and hop histogram of a saved world or QA JSONL
+    venus-gym env-help             # every DeepResearch-v0 argument with its help text
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+
+from tqdm import tqdm
+
+
+def _run_oracle_episode(env, task_id: str, seed: int, detour_prob: float = 0.0):
+    """One episode of the oracle agent; returns (transcript, total_reward, final_info)."""
+    from venus_gym.worlds.oracle import OracleAgent
+
+    obs, info = env.reset(seed=seed, options={"task_id": task_id})
+    agent = OracleAgent(env.unwrapped.task, rng_seed=seed, detour_prob=detour_prob)
+    transcript = [("user", obs)]
+    total, done = 0.0, False
+    while not done:
+        action = agent.act(obs)
+        obs, reward, terminated, truncated, info = env.step(action)
+        total += reward
+        done = terminated or truncated
+        transcript.append(("assistant", action))
+        if obs:
+            transcript.append(("user", obs))
+    return transcript, total, info
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import gymnasium as gym
+
+    import venus_gym  # noqa: F401  (registers the environments)
+
+    t0 = time.perf_counter()
+    env = gym.make("DeepResearch-v0", world_size=args.world_size, world_seed=args.seed)
+    world = env.unwrapped.world
+    print(f"world: {world.name}: {len(world.corpus)} pages, {len(world.tasks)} tasks "
+          f"(built and indexed in {time.perf_counter() - t0:.1f} s)")
+    tasks = env.unwrapped.tasks
+    for ep in range(args.show):
+        task = tasks[ep * max(1, len(tasks) // max(1, args.show)) % len(tasks)]
+        transcript, total, info = _run_oracle_episode(env, task.id, seed=ep,
+                                                      detour_prob=args.detour_prob)
+        print(f"\n{'=' * 78}\nepisode {ep}: task {task.id} ({task.hops} hops), "
+              f"reward {total:+.2f}, turns {info['turn']}, gold {task.answers[0]!r}")
+        for role, text in transcript:
+            shown = text if len(text) <= 600 else text[:600] + " [...]"
+            print(f"--- {role}\n{shown}")
+    n = min(args.eval_tasks, len(tasks))
+    by_hops: dict[int, list[float]] = {}
+    turns = []
+    t0 = time.perf_counter()
+    for i in tqdm(range(n), desc="oracle eval", unit="task", file=sys.stderr):
+        task = tasks[i]
+        _, total, info = _run_oracle_episode(env, task.id, seed=i)
+        by_hops.setdefault(task.hops, []).append(info.get("score", 0.0))
+        turns.append(info["turn"])
+    dt = time.perf_counter() - t0
+    print(f"\noracle score on {n} tasks ({sum(turns) / dt:,.0f} env steps/s):")
+    for h in sorted(by_hops):
+        s = by_hops[h]
+        print(f"  {h} hops: {sum(s) / len(s):.3f} over {len(s)} tasks")
+    allscores = [x for s in by_hops.values() for x in s]
+    print(f"  all   : {sum(allscores) / len(allscores):.3f}")
+    env.close()
+    return 0
+
+
+def cmd_world_build(args: argparse.Namespace) -> int:
+    from venus_gym.worlds import load_world
+
+    t0 = time.perf_counter()
+    world = load_world("synthetic", n_pages=args.pages, seed=args.seed)
+    out = world.save(args.out)
+    print(f"wrote {len(world.corpus)} pages and {len(world.tasks)} tasks to {out} "
+          f"in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def cmd_world_info(args: argparse.Namespace) -> int:
+    from venus_gym.worlds import load_world
+
+    world = load_world(args.path)
+    hops = Counter(t.hops for t in world.tasks)
+    print(f"{world.name}: {len(world.corpus)} pages, {len(world.tasks)} tasks")
+    for h in sorted(hops):
+        print(f"  {h} hops: {hops[h]}")
+    return 0
+
+
+def cmd_env_help(args: argparse.Namespace) -> int:
+    from envs.config import DeepResearchConfig
+
+    print(DeepResearchConfig.help())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="venus-gym", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="run the oracle agent on a fresh embedded world")
+    d.add_argument("--world-size", type=int, default=2000, help="pages in the world")
+    d.add_argument("--seed", type=int, default=0, help="world seed")
+    d.add_argument("--show", type=int, default=3, help="episodes to print in full")
+    d.add_argument("--eval-tasks", type=int, default=200, help="tasks to score")
+    d.add_argument("--detour-prob", type=float, default=0.0,
+                   help="chance of a dead end per hop in the printed episodes")
+    d.set_defaults(func=cmd_demo)
+
+    w = sub.add_parser("world", help="build or inspect worlds")
+    wsub = w.add_subparsers(dest="world_command", required=True)
+    wb = wsub.add_parser("build", help="generate a synthetic world and save it as JSONL")
+    wb.add_argument("out", help="output directory")
+    wb.add_argument("--pages", type=int, default=2000)
+    wb.add_argument("--seed", type=int, default=0)
+    wb.set_defaults(func=cmd_world_build)
+    wi = wsub.add_parser("info", help="summarise a world (name, directory or QA JSONL)")
+    wi.add_argument("path")
+    wi.set_defaults(func=cmd_world_info)
+
+    e = sub.add_parser("env-help", help="list every DeepResearch-v0 argument")
+    e.set_defaults(func=cmd_env_help)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
