@@ -96,9 +96,9 @@ def main() -> None:
     env = gym.make("DeepResearch-v0", world=world)
     tasks = env.unwrapped.tasks
     steps, t0 = 0, time.perf_counter()
-    solved = 0
+    solved, hops = 0, []
     for ep in range(args.episodes):
-        task = tasks[ep % len(tasks)]
+        task = tasks[(ep * len(tasks)) // args.episodes]  # spread over all hop counts
         obs, _ = env.reset(seed=ep, options={"task_id": task.id})
         agent = OracleAgent(task, rng_seed=ep)
         done = False
@@ -107,8 +107,10 @@ def main() -> None:
             steps += 1
             done = term or trunc
         solved += info.get("score", 0.0) == 1.0
+        hops.append(task.hops)
     elapsed = time.perf_counter() - t0
-    print(f"# oracle solved {solved}/{args.episodes} episodes in {steps} steps")
+    print(f"# oracle solved {solved}/{args.episodes} episodes in {steps} steps "
+          f"(hop counts {sorted(set(hops))})")
     print(f"RESULT env_steps_per_s={steps / elapsed:.1f}")
     print(f"RESULT search_speedup={ours / base:.1f}")
 

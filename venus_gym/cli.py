@@ -60,7 +60,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     turns = []
     t0 = time.perf_counter()
     for i in tqdm(range(n), desc="oracle eval", unit="task", file=sys.stderr):
-        task = tasks[i]
+        task = tasks[(i * len(tasks)) // n]  # spread over the task list: every hop count
         _, total, info = _run_oracle_episode(env, task.id, seed=i)
         by_hops.setdefault(task.hops, []).append(info.get("score", 0.0))
         turns.append(info["turn"])
@@ -68,7 +68,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\noracle score on {n} tasks ({sum(turns) / dt:,.0f} env steps/s):")
     for h in sorted(by_hops):
         s = by_hops[h]
-        print(f"  {h} hops: {sum(s) / len(s):.3f} over {len(s)} tasks")
+        print(f"  {h}-hop : {sum(s) / len(s):.3f} over {len(s)} tasks")
     allscores = [x for s in by_hops.values() for x in s]
     print(f"  all   : {sum(allscores) / len(allscores):.3f}")
     env.close()
