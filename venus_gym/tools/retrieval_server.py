@@ -21,8 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import urllib.error
-import urllib.request
 from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -30,6 +28,7 @@ from typing import Any
 from venus_gym.corpus import Page
 
 from .base import SearchHit, ToolBackendError, default_snippet
+from .http import post_json
 from .index import LocalSearchIndex
 
 
@@ -82,27 +81,7 @@ class RetrievalServerBackend:
         self._lock = threading.Lock()  # the toolbox may call from timeout worker threads
 
     def _post(self, payload: dict[str, Any]) -> Any:
-        request = urllib.request.Request(self.url, data=json.dumps(payload).encode("utf-8"),
-                                         headers={"Content-Type": "application/json"},
-                                         method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as e:
-            detail = e.read()[:300].decode("utf-8", "replace")
-            raise ToolBackendError(f"retrieval server {self.url} answered HTTP {e.code}: "
-                                   f"{detail}") from None
-        except TimeoutError as e:
-            raise ToolBackendError(f"retrieval server {self.url} did not answer within "
-                                   f"{self.timeout_s} s") from e
-        except urllib.error.URLError as e:
-            raise ToolBackendError(f"retrieval server {self.url} unreachable: "
-                                   f"{e.reason}") from e
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise ToolBackendError(f"retrieval server {self.url} sent invalid JSON: "
-                                   f"{raw[:200]!r}") from None
+        return post_json(self.url, payload, timeout_s=self.timeout_s, what="retrieval server")
 
     def search(self, query: str, k: int) -> list[SearchHit]:
         reply = self._post({"queries": [query], "topk": k, "return_scores": True})

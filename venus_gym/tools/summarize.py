@@ -18,14 +18,13 @@ from __future__ import annotations
 import json
 import math
 import re
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
 from venus_gym.corpus import Page
 
 from .base import PageSummary, ToolBackendError
+from .http import chat_completion
 
 # --- extractive ------------------------------------------------------------------------------
 
@@ -249,7 +248,7 @@ class OpenAISummarizer:
                  extra_body: Mapping[str, Any] | None = None):
         if not base_url:
             raise ValueError("OpenAISummarizer needs a base_url, e.g. http://127.0.0.1:8000/v1")
-        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.base_url = base_url
         self.model = model
         self.api_key = api_key
         self.timeout_s = timeout_s
@@ -263,36 +262,11 @@ class OpenAISummarizer:
         return _PROMPT.format(page=f"Title: {page.title}\nURL: {page.url}\n\n{text}", goal=goal)
 
     def summarize(self, page: Page, goal: str) -> PageSummary:
-        body = {"model": self.model,
-                "messages": [{"role": "user", "content": self.prompt(page, goal)}],
-                **self.extra_body}
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(self.url, data=json.dumps(body).encode("utf-8"),
-                                         headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as e:
-            detail = e.read()[:300].decode("utf-8", "replace")
-            raise ToolBackendError(f"summarizer {self.url} answered HTTP {e.code}: "
-                                   f"{detail}") from None
-        except TimeoutError as e:  # socket.timeout is TimeoutError since Python 3.10
-            raise ToolBackendError(f"summarizer {self.url} did not answer within "
-                                   f"{self.timeout_s} s") from e
-        except urllib.error.URLError as e:
-            if isinstance(e.reason, TimeoutError):
-                raise ToolBackendError(f"summarizer {self.url} did not answer within "
-                                       f"{self.timeout_s} s") from e
-            raise ToolBackendError(f"summarizer {self.url} unreachable: {e.reason}") from e
-        try:
-            content = json.loads(raw)["choices"][0]["message"]["content"]
-            if not isinstance(content, str):
-                raise TypeError("message content is not a string")
-        except (ValueError, KeyError, IndexError, TypeError) as e:
-            raise ToolBackendError(f"summarizer {self.url} sent no chat completion "
-                                   f"({e}): {raw[:200]!r}") from None
+        content = chat_completion(
+            self.base_url, self.model,
+            [{"role": "user", "content": self.prompt(page, goal)}],
+            timeout_s=self.timeout_s, what="summarizer", api_key=self.api_key,
+            extra_body=self.extra_body)
         summary = parse_summary_reply(content)
         if summary is None:
             raise ToolBackendError(f"summarizer reply has no JSON object with evidence/"

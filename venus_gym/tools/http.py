@@ -1,0 +1,62 @@
+"""JSON over HTTP for remote backends (retrieval servers, OpenAI-compatible endpoints).
+
+Standard library only (urllib), so the environment needs no HTTP client package. Every
+failure — HTTP error status, timeout, unreachable host, a reply that is not JSON or not a
+chat completion — becomes a `ToolBackendError` whose message names the service (`what`),
+its url and the cause; callers turn it into an observation or a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+
+from .base import ToolBackendError
+
+
+def post_json(url: str, payload: Any, *, timeout_s: float, what: str,
+              headers: Mapping[str, str] | None = None) -> Any:
+    """POST `payload` as JSON to `url` and return the decoded JSON reply."""
+    all_headers = {"Content-Type": "application/json", **(headers or {})}
+    request = urllib.request.Request(url, data=json.dumps(payload).encode("utf-8"),
+                                     headers=all_headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            raw = response.read()
+    except urllib.error.HTTPError as e:
+        detail = e.read()[:300].decode("utf-8", "replace")
+        raise ToolBackendError(f"{what} {url} answered HTTP {e.code}: {detail}") from None
+    except TimeoutError as e:  # socket.timeout is TimeoutError since Python 3.10
+        raise ToolBackendError(f"{what} {url} did not answer within {timeout_s} s") from e
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, TimeoutError):
+            raise ToolBackendError(f"{what} {url} did not answer within {timeout_s} s") from e
+        raise ToolBackendError(f"{what} {url} unreachable: {e.reason}") from e
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise ToolBackendError(f"{what} {url} sent invalid JSON: {raw[:200]!r}") from None
+
+
+def chat_completion(base_url: str, model: str, messages: list[dict[str, str]], *,
+                    timeout_s: float, what: str, api_key: str | None = None,
+                    extra_body: Mapping[str, Any] | None = None) -> str:
+    """The assistant text of one `/chat/completions` call on an OpenAI-compatible server.
+
+    `base_url` is the API root, e.g. "http://127.0.0.1:8000/v1".
+    """
+    url = base_url.rstrip("/") + "/chat/completions"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    reply = post_json(url, {"model": model, "messages": messages, **(extra_body or {})},
+                      timeout_s=timeout_s, what=what, headers=headers)
+    try:
+        content = reply["choices"][0]["message"]["content"]
+        if not isinstance(content, str):
+            raise TypeError("message content is not a string")
+    except (KeyError, IndexError, TypeError) as e:
+        raise ToolBackendError(f"{what} {url} sent no chat completion ({e}): "
+                               f"{str(reply)[:200]}") from None
+    return content
