@@ -1,0 +1,132 @@
+"""The algorithm registry, a toy algorithm added from this single file, and one end-to-end
+IGPO step on a tiny model (probe pass -> advantages -> loss -> backward)."""
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from trainers.algorithms import (
+    Advantages,
+    Algorithm,
+    IGPOConfig,
+    PolicyGradientConfig,
+    available_algorithms,
+    make_algorithm,
+    register_algorithm,
+)
+from trainers.batch import collate
+from trainers.information_gain import score_batch
+from trainers.losses import LossConfig, token_logprobs_and_entropy
+from trainers.probes import ProbeTemplate
+from trainers.synthetic import synthetic_record
+from trainers.tiny import tiny_causal_lm
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    """Tiny forwards are dominated by thread synchronisation on a shared 2-core machine."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+# --- a toy algorithm, added exactly as docs/algorithms.md describes -------------------
+@dataclass
+class ConstantConfig(PolicyGradientConfig):
+    value: float = field(default=0.5, metadata={"help": "advantage given to every token"})
+
+
+@register_algorithm("toy_constant")
+class ConstantAdvantage(Algorithm):
+    """Every policy token gets the same advantage (useless, but easy to check)."""
+
+    config_class = ConstantConfig
+
+    def advantages(self, batch):
+        tokens = torch.where(batch.loss_mask, self.config.value, 0.0)
+        return Advantages(tokens, {"toy_value": self.config.value})
+
+
+def small_batch():
+    records = [
+        synthetic_record([("search",), ("visit", 4, 6), ("answer", 3, 0)], 0, 1.0, seed=1),
+        synthetic_record([("visit", 4, 6), ("invalid", 3, 4, False), ("answer", 3, 0)], 0, 0.0,
+                         seed=2),
+        synthetic_record([("visit", 3, 5), ("answer", 3, 0, False)], 1, 0.0, seed=3),
+    ]
+    return collate(records)
+
+
+def test_registry_lists_the_shipped_algorithms_and_the_toy():
+    assert {"igpo", "grpo", "rloo", "toy_constant"} <= set(available_algorithms())
+    with pytest.raises(KeyError, match="registered"):
+        make_algorithm("ppo_from_the_future")
+    with pytest.raises(ValueError, match="already registered"):
+        @register_algorithm("grpo")
+        class Impostor(Algorithm):
+            pass
+    with pytest.raises(TypeError, match="IGPOConfig"):
+        make_algorithm("igpo", LossConfig())
+
+
+def test_toy_algorithm_runs_through_the_generic_loss():
+    batch = small_batch()
+    algorithm = make_algorithm("toy_constant", ConstantConfig(value=2.0, loss=LossConfig(kl_coef=0)))
+    advantages, metrics = algorithm.advantages(batch)
+    assert metrics == {"toy_value": 2.0}
+    assert torch.equal(advantages[batch.loss_mask], torch.full((int(batch.loss_mask.sum()),), 2.0))
+    old = torch.zeros(batch.input_ids.shape)
+    batch = batch.replace(advantages=advantages, old_logprobs=old)
+    logprobs = torch.zeros(batch.input_ids.shape, requires_grad=True)
+    loss, loss_metrics = algorithm.loss(batch, logprobs)
+    assert loss.item() == pytest.approx(-2.0)  # -A * ratio with ratio 1, token-mean
+    assert loss_metrics["clip_fraction"] == 0.0
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+def test_outcome_only_algorithms_broadcast_per_trajectory(name):
+    batch = small_batch()
+    tokens, _ = make_algorithm(name).advantages(batch)
+    for row in range(batch.batch_size):
+        values = tokens[row][batch.loss_mask[row]].unique()
+        assert len(values) == 1  # one advantage for the whole trajectory
+        assert (tokens[row][~batch.loss_mask[row]] == 0).all()
+    assert tokens[2].abs().max() == 0  # alone in its group: no baseline, no signal
+    assert tokens[0, batch.loss_mask[0]][0] > 0 > tokens[1, batch.loss_mask[1]][0]
+
+
+def test_loss_requires_advantages():
+    batch = small_batch()
+    with pytest.raises(ValueError, match="advantages"):
+        make_algorithm("grpo").loss(batch, torch.zeros(batch.input_ids.shape))
+
+
+def test_igpo_end_to_end_on_a_tiny_model():
+    torch.manual_seed(0)
+    model = tiny_causal_lm("qwen3", vocab_size=256, hidden_size=32, num_layers=1)
+    batch = small_batch()
+    template = ProbeTemplate(generation_prompt_ids=(1, 2), prefix_ids=(3, 4, 5), suffix_ids=(6, 0))
+    probes = [[template.probe_for_ids([10, 11], "a"), template.probe_for_ids([12], "b")]] * 3
+    algorithm = make_algorithm("igpo", IGPOConfig(loss=LossConfig(kl_coef=0.01)))
+    assert algorithm.needs_probe_scores
+
+    batch = score_batch(model, batch, probes, algorithm.probe_slots(batch))
+    advantages, adv_metrics = algorithm.advantages(batch)
+    assert adv_metrics["ig/visit_count"] == 3.0 and "ig_scale" in adv_metrics
+    batch = batch.replace(advantages=advantages, ref_logprobs=batch.old_logprobs.clone())
+
+    logits = model(batch.input_ids, attention_mask=batch.attention_mask.long()).logits
+    logprobs, entropy = token_logprobs_and_entropy(logits, batch.input_ids)
+    loss, metrics = algorithm.loss(batch, logprobs, entropy)
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    # same policy as the probe pass: ratios are 1 and the KL to the copy is 0
+    assert metrics["ratio_min"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["ratio_max"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["kl"] == pytest.approx(0.0, abs=1e-6)
+    for key in ("clip_fraction", "entropy", "ig/visit_mean", "format_error_rate",
+                "format_error_rate_final", "dual_clip_fraction"):
+        assert key in metrics
+    assert metrics["format_error_rate"] == pytest.approx(2 / 8)

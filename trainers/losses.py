@@ -1,0 +1,181 @@
+"""Policy losses as pure tensor functions: PPO/GRPO clipped surrogate with dual clip, k3 KL to
+a frozen reference, truncated importance sampling (TIS) against the engine, entropy bonus.
+
+All per-token tensors are [B, L], aligned with the token they score (trainers.batch), and
+only positions where `mask` is True (the policy tokens) take part. Non-finite log-probs or
+advantages on those positions raise FloatingPointError: a NaN that silently turns the ratio
+off was one of the peers' worst bugs (REFERENCE.md section 6).
+
+    ratio   = exp(logp - old_logp)
+    pg      = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high))
+    pg      = min(pg, -A * c)             where A < 0        (dual clip, c = 3)
+    pg      = pg * min(exp(old_logp - engine_logp), tis_cap)  (optional TIS, no gradient)
+    kl_k3   = exp(ref - logp) - (ref - logp) - 1              (skipped when kl_coef == 0)
+    loss    = agg(pg) + kl_coef * agg(kl_k3) - entropy_coef * agg(entropy)
+
+agg is token-mean (default: sum over all policy tokens of the batch / their count) or
+seq-mean (mean over trajectories of each trajectory's token mean).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+AGGREGATIONS = ("token-mean", "seq-mean")
+KL_LOG_RATIO_CLAMP = 20.0  # keeps exp() finite when a token's log-ratio is extreme
+
+
+@dataclass
+class LossConfig:
+    """Policy-loss hyperparameters (defaults: REFERENCE.md section 4)."""
+
+    clip_ratio: float = field(default=0.2, metadata={"help": "PPO clip epsilon (lower side)"})
+    clip_ratio_high: float | None = field(default=None, metadata={
+        "help": "upper clip epsilon if different from clip_ratio (DAPO-style clip-higher)"})
+    dual_clip: float | None = field(default=3.0, metadata={
+        "help": "dual-clip constant c > 1 bounding the loss of negative-advantage tokens; "
+                "None disables"})
+    aggregation: str = field(default="token-mean", metadata={
+        "help": "token-mean over all policy tokens of the batch, or seq-mean"})
+    kl_coef: float = field(default=0.001, metadata={
+        "help": "weight of the k3 KL to the reference policy; 0 skips it (no ref log-probs)"})
+    entropy_coef: float = field(default=0.0, metadata={
+        "help": "weight of the entropy bonus; needs per-token entropy"})
+    tis_cap: float | None = field(default=None, metadata={
+        "help": "truncated importance sampling cap for old/engine ratios; None disables"})
+
+    def __post_init__(self) -> None:
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {self.dual_clip}")
+        if self.tis_cap is not None and self.tis_cap <= 0:
+            raise ValueError(f"tis_cap must be > 0, got {self.tis_cap}")
+
+
+def require_finite(name: str, values: torch.Tensor, mask: torch.Tensor) -> None:
+    """Raise FloatingPointError if `values` is NaN/inf anywhere `mask` is True."""
+    bad = mask & ~torch.isfinite(values)
+    if bad.any():
+        position = [int(i) for i in bad.nonzero()[0]]
+        raise FloatingPointError(
+            f"{name} is not finite at {int(bad.sum())} policy token(s), first at {position}; "
+            "check the model's dtype/overflow and the log-prob alignment")
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
+    """Reduce [B, L] per-token values over the mask to a scalar (see module docstring)."""
+    maskf = mask.to(values.dtype)
+    if mode == "token-mean":
+        return (values * maskf).sum() / maskf.sum().clamp(min=1)
+    if mode == "seq-mean":
+        tokens = maskf.sum(1)
+        per_sequence = (values * maskf).sum(1) / tokens.clamp(min=1)
+        has_tokens = tokens > 0
+        return per_sequence[has_tokens].sum() / has_tokens.sum().clamp(min=1)
+    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {mode!r}")
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(pi || pi_ref): exp(r) - r - 1 with r = ref - logp (>= 0)."""
+    log_ratio = (ref_logprobs - logprobs).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                      advantages: torch.Tensor, clip_low: float, clip_high: float,
+                      dual_clip: float | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token PPO loss [B, L] with optional dual clip, and per-token indicator tensors."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(unclipped, clipped)
+    indicators = {"ratio": ratio.detach(), "clipped": (clipped > unclipped).detach()}
+    if dual_clip is not None:
+        bound = -advantages * dual_clip
+        dual = (advantages < 0) & (loss > bound)
+        loss = torch.where(dual, bound, loss)
+        indicators["dual_clipped"] = dual.detach()
+    return loss, indicators
+
+
+def ppo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+             mask: torch.Tensor, config: LossConfig, ref_logprobs: torch.Tensor | None = None,
+             engine_logprobs: torch.Tensor | None = None,
+             entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Scalar policy loss and diagnostics.
+
+    logprobs [B, L] (with grad), old_logprobs / advantages / ref_logprobs / engine_logprobs /
+    entropy [B, L], mask [B, L] bool. Raises FloatingPointError on non-finite inputs where
+    the mask is True, ValueError when a term's inputs are missing.
+    """
+    mask = mask.bool()
+    require_finite("logprobs", logprobs, mask)
+    require_finite("old_logprobs", old_logprobs, mask)
+    require_finite("advantages", advantages, mask)
+    # Masked-out positions may hold anything (even NaN): zero them so no NaN leaks via 0 * NaN.
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    logprobs = torch.where(mask, logprobs, zero)
+    old_logprobs = torch.where(mask, old_logprobs.to(logprobs.dtype), zero).detach()
+    advantages = torch.where(mask, advantages.to(logprobs.dtype), zero).detach()
+    clip_high = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
+    token_loss, indicators = clipped_surrogate(logprobs, old_logprobs, advantages,
+                                               config.clip_ratio, clip_high, config.dual_clip)
+    metrics: dict[str, float] = {}
+    if config.tis_cap is not None:
+        if engine_logprobs is None:
+            raise ValueError("tis_cap is set but the batch has no engine_logprobs")
+        require_finite("engine_logprobs", engine_logprobs, mask)
+        engine = torch.where(mask, engine_logprobs.to(logprobs.dtype), zero)
+        weight = torch.exp(old_logprobs - engine).clamp(max=config.tis_cap).detach()
+        token_loss = token_loss * weight
+        metrics["tis_weight_mean"] = float(aggregate(weight, mask))
+    policy_loss = aggregate(token_loss, mask, config.aggregation)
+    loss = policy_loss
+    if config.kl_coef != 0.0:
+        if ref_logprobs is None:
+            raise ValueError("kl_coef != 0 needs ref_logprobs (set kl_coef=0 to skip the KL)")
+        require_finite("ref_logprobs", ref_logprobs, mask)
+        ref = torch.where(mask, ref_logprobs.to(logprobs.dtype), zero).detach()
+        kl = aggregate(kl_k3(logprobs, ref), mask, config.aggregation)
+        loss = loss + config.kl_coef * kl
+        metrics["kl"] = float(kl.detach())
+    if entropy is not None:
+        require_finite("entropy", entropy, mask)
+        entropy_mean = aggregate(torch.where(mask, entropy, zero), mask, config.aggregation)
+        if config.entropy_coef != 0.0:
+            loss = loss - config.entropy_coef * entropy_mean
+        metrics["entropy"] = float(entropy_mean.detach())
+    elif config.entropy_coef != 0.0:
+        raise ValueError("entropy_coef != 0 needs per-token entropy")
+
+    ratio = indicators["ratio"][mask]
+    metrics.update({
+        "policy_loss": float(policy_loss.detach()),
+        "clip_fraction": float(indicators["clipped"][mask].float().mean()) if mask.any() else 0.0,
+        "ratio_mean": float(ratio.mean()) if mask.any() else 1.0,
+        "ratio_min": float(ratio.min()) if mask.any() else 1.0,
+        "ratio_max": float(ratio.max()) if mask.any() else 1.0,
+        "approx_kl_old": float(kl_k3(logprobs.detach(), old_logprobs)[mask].mean())
+        if mask.any() else 0.0,
+    })
+    if "dual_clipped" in indicators:
+        metrics["dual_clip_fraction"] = (float(indicators["dual_clipped"][mask].float().mean())
+                                         if mask.any() else 0.0)
+    return loss, metrics
+
+
+def token_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor,
+                               temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """From model logits [B, L, V] to aligned per-token log-probs and entropies [B, L].
+
+    Position i gets log pi(input_ids[i] | input_ids[:i]) from logits[i - 1]; position 0 gets 0.
+    """
+    scaled = logits[:, :-1].float() / temperature
+    log_probs = torch.log_softmax(scaled, dim=-1)
+    chosen = log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    pad = torch.zeros(logits.shape[0], 1, dtype=chosen.dtype, device=chosen.device)
+    return torch.cat([pad, chosen], dim=1), torch.cat([pad, entropy], dim=1)

@@ -1,0 +1,187 @@
+"""Turn rewards for IGPO: information gain, browse-aware assignment, format penalty, outcome.
+
+Pure functions of a RolloutBatch (REFERENCE.md section 4). Every turn gets one role:
+
+    OUTCOME      the trajectory's last turn. Reward: the outcome score, or -format_penalty
+                 if that turn is malformed. (A trajectory cut off by a limit also ends in
+                 its outcome turn: its outcome score is whatever the environment gave, 0.)
+    INFO_GAIN    a valid non-final IG turn; reward: its information gain.
+    PENALTY      a malformed non-final turn; reward: -format_penalty (instead of its IG).
+    CARRIER      a valid non-final turn without its own reward: with browse-aware
+                 assignment, the search turns. It takes the advantage of the next INFO_GAIN
+                 or OUTCOME turn after it, skipping penalised turns (trainers.advantages):
+                 "the search turns since the last browse share that browse turn's segment".
+                 Search turns after the last browse share the outcome turn's segment.
+INFO_GAIN and PENALTY turns are the "turn rewards" that group normalisation pools.
+
+Information gain, from probe scores s at boundaries (trainers.information_gain):
+    browse_aware=False: every valid non-final turn t is an IG turn and
+                        IG_t = s(h_<=t) - s(h_<t)   (boundary of turn t minus turn t-1)
+    browse_aware=True:  only valid browse turns (kind in browse_kinds, default visit) are
+                        IG turns and IG_t = s(h_<=t) - s(previous IG turn's boundary, or the
+                        question-only baseline); the IGs of a trajectory then telescope to
+                        s(last browse boundary) - s(question).
+    ig_kind="log" (default, the DR-Venus paper) uses s as is (mean answer log-prob);
+    ig_kind="prob" (IGPO's original) uses exp(s).
+
+Malformed turns never get IG (they get the penalty instead), and an IG turn is never the
+last turn (the last turn is scored by the outcome).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from trainers.batch import PAD_TURN, RolloutBatch, TurnKind
+
+IG_KINDS = ("log", "prob")
+
+
+class TurnRole(enum.IntEnum):
+    """Role codes stored in TurnRewards.role (PAD = -1 on padding turns)."""
+
+    CARRIER = 0
+    INFO_GAIN = 1
+    PENALTY = 2
+    OUTCOME = 3
+
+
+@dataclass
+class RewardConfig:
+    """How turn rewards are assigned."""
+
+    ig_kind: str = field(default="log", metadata={
+        "help": "information gain as a difference of mean answer log-probs ('log', DR-Venus) "
+                "or of their exponentials ('prob', the original IGPO)"})
+    browse_aware: bool = field(default=True, metadata={
+        "help": "IG only at browse turns, measured from the previous browse boundary; search "
+                "turns share the next browse turn's advantage"})
+    browse_kinds: tuple[str, ...] = field(default=("visit",), metadata={
+        "help": "turn kinds that count as browsing when browse_aware is on"})
+    format_penalty: float = field(default=1.0, metadata={
+        "help": "a malformed turn's reward is -format_penalty (instead of IG or the outcome)"})
+
+    def __post_init__(self) -> None:
+        if self.ig_kind not in IG_KINDS:
+            raise ValueError(f"ig_kind must be one of {IG_KINDS}, got {self.ig_kind!r}")
+        if self.format_penalty < 0:
+            raise ValueError("format_penalty is a magnitude; give a value >= 0")
+        for kind in self.browse_kinds:
+            TurnKind.parse(kind)
+
+
+@dataclass
+class TurnRewards:
+    """Per-turn rewards of a batch.
+
+    reward:           [B, T] float32, the reward of INFO_GAIN, PENALTY and OUTCOME turns,
+                      0 on carriers and padding.
+    role:             [B, T] int64, TurnRole codes, -1 on padding turns.
+    information_gain: [B, T] float32, IG of IG turns, NaN elsewhere (for diagnostics).
+    """
+
+    reward: torch.Tensor
+    role: torch.Tensor
+    information_gain: torch.Tensor
+
+
+def ig_turn_mask(batch: RolloutBatch, config: RewardConfig) -> torch.Tensor:
+    """[B, T] bool: turns whose reward is information gain."""
+    eligible = batch.turn_valid & batch.turn_format_ok & ~batch.is_last_turn
+    if config.browse_aware:
+        browse_codes = torch.tensor([int(TurnKind.parse(k)) for k in config.browse_kinds],
+                                    device=batch.turn_kind.device)
+        eligible &= torch.isin(batch.turn_kind, browse_codes)
+    return eligible
+
+
+def ig_reference_slots(batch: RolloutBatch, config: RewardConfig) -> torch.Tensor:
+    """[B, T] int64: the probe slot each turn's IG is measured from.
+
+    Slots index boundary_scores: 0 = question-only baseline, t + 1 = end of turn t.
+    """
+    B, T = batch.turn_kind.shape
+    device = batch.turn_kind.device
+    turn_ids = torch.arange(T, device=device).expand(B, T)
+    if not config.browse_aware:
+        return turn_ids.clone()  # the previous turn's boundary is slot t
+    ig_turn = ig_turn_mask(batch, config)
+    last_ig_turn = torch.where(ig_turn, turn_ids, torch.full_like(turn_ids, -1)).cummax(1).values
+    previous_ig_turn = torch.cat([torch.full((B, 1), -1, device=device), last_ig_turn[:, :-1]],
+                                 dim=1)
+    return previous_ig_turn + 1
+
+
+def probe_slots(batch: RolloutBatch, config: RewardConfig) -> torch.Tensor:
+    """[B, T+1] bool: the boundaries whose probe scores turn_rewards will read."""
+    ig_turn = ig_turn_mask(batch, config)
+    B, T = batch.turn_kind.shape
+    slots = torch.zeros(B, T + 1, dtype=torch.bool, device=batch.turn_kind.device)
+    slots[:, 1:] |= ig_turn
+    rows, turns = ig_turn.nonzero(as_tuple=True)
+    slots[rows, ig_reference_slots(batch, config)[rows, turns]] = True
+    return slots
+
+
+def turn_rewards(batch: RolloutBatch, config: RewardConfig) -> TurnRewards:
+    """Assign every turn its role and reward (see module docstring)."""
+    valid, last = batch.turn_valid, batch.is_last_turn
+    malformed = valid & ~batch.turn_format_ok
+    ig_turn = ig_turn_mask(batch, config)
+    penalty = -float(config.format_penalty)
+
+    information_gain = torch.full(batch.turn_kind.shape, float("nan"), device=batch.turn_kind.device)
+    if ig_turn.any():
+        if batch.boundary_scores is None:
+            raise ValueError("IG turns need probe scores: run trainers.information_gain."
+                             "score_batch(model, batch, probes, probe_slots(batch, config))")
+        scores = batch.boundary_scores.float()
+        if config.ig_kind == "prob":
+            scores = scores.exp()
+        current = scores[:, 1:]
+        previous = scores.gather(1, ig_reference_slots(batch, config))
+        gain = current - previous
+        missing = ig_turn & ~torch.isfinite(gain)
+        if missing.any():
+            row, turn = (int(i) for i in missing.nonzero()[0])
+            raise ValueError(f"row {row}, turn {turn}: probe score missing (NaN) at a boundary "
+                             "that IG needs; probe the slots given by probe_slots(batch, config)")
+        information_gain = torch.where(ig_turn, gain, information_gain)
+
+    outcome = torch.where(batch.turn_format_ok, batch.outcome[:, None].float(),
+                          torch.full_like(information_gain, penalty))
+    reward = torch.zeros_like(information_gain)
+    reward = torch.where(ig_turn, information_gain, reward)
+    reward = torch.where(malformed & ~last, torch.full_like(reward, penalty), reward)
+    reward = torch.where(last, outcome, reward)
+
+    role = torch.full_like(batch.turn_kind, PAD_TURN)
+    role[valid] = int(TurnRole.CARRIER)
+    role[ig_turn] = int(TurnRole.INFO_GAIN)
+    role[malformed & ~last] = int(TurnRole.PENALTY)
+    role[last] = int(TurnRole.OUTCOME)
+    return TurnRewards(reward=torch.where(valid, reward, torch.zeros_like(reward)), role=role,
+                       information_gain=information_gain)
+
+
+def turn_reward_metrics(batch: RolloutBatch, rewards: TurnRewards | None = None) -> dict[str, float]:
+    """Diagnostics: format-error rates and IG mean/std/count per turn kind."""
+    valid = batch.turn_valid
+    metrics = {
+        "format_error_rate": float((~batch.turn_format_ok[valid]).float().mean()),
+        "format_error_rate_final": float((~batch.turn_format_ok[batch.is_last_turn]).float().mean()),
+    }
+    if rewards is None:
+        return metrics
+    has_ig = torch.isfinite(rewards.information_gain)
+    for kind in TurnKind:
+        values = rewards.information_gain[has_ig & (batch.turn_kind == int(kind))]
+        if len(values):
+            name = kind.name.lower()
+            metrics[f"ig/{name}_mean"] = float(values.mean())
+            metrics[f"ig/{name}_std"] = float(values.std(unbiased=False))
+            metrics[f"ig/{name}_count"] = float(len(values))
+    return metrics
