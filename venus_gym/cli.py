@@ -4,6 +4,7 @@
     venus-gym world build OUT      # generate a world and save it as JSONL (corpus, tasks)
     venus-gym world info PATH      # counts and hop histogram of a saved world or QA JSONL
     venus-gym env-help             # every DeepResearch-v0 argument with its help text
+    venus-gym data ...             # SFT data pipeline (venus-gym data --help; needs .[train])
 """
 
 from __future__ import annotations
@@ -104,6 +105,18 @@ def cmd_env_help(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data(data_argv: list[str]) -> int:
+    """Hand `venus-gym data ...` to trainers.data.cli, imported only now: venus_gym must not
+    depend on trainers (DESIGN.md section 1), and trainers needs the training extras."""
+    try:
+        from trainers.data.cli import main as data_main
+    except ImportError as e:
+        print(f"venus-gym data needs the training extras, which are not installed ({e}).\n"
+              "Install them with: pip install -e .[train]", file=sys.stderr)
+        return 2
+    return data_main(data_argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="venus-gym", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -131,10 +144,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("env-help", help="list every DeepResearch-v0 argument")
     e.set_defaults(func=cmd_env_help)
+
+    # Listed for `venus-gym --help` only: main() hands everything after "data" to
+    # trainers.data.cli before parsing, so its own options and --help work unchanged.
+    data = sub.add_parser("data", help="SFT data pipeline: convert, prune, dedup, filter, "
+                                       "resample, report, all (venus-gym data --help)",
+                          add_help=False)
+    data.set_defaults(func=lambda args: cmd_data(["--help"]))
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "data":
+        return cmd_data(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 
