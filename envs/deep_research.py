@@ -24,6 +24,7 @@ from venus_gym.protocol import (
     format_tool_response,
     parse_turn,
     render_system_prompt,
+    sanitize_observation,
 )
 from venus_gym.scoring import score_answer
 
@@ -83,8 +84,15 @@ class DeepResearchEnv(gym.Env[str, str]):
     ## Info
     `turn`, `kind` (search / visit / answer / invalid), `valid`, `reason`, `intent`,
     `tool_calls` (name, arguments, ok, error, urls), `score` and `answer` on answer turns,
-    `tokens_used`, `forced_final`, `task_id`, `hops`; `gold_answers` only with
-    `reveal_answer_in_info=True`.
+    `tokens_used`, `forced_final`, `budget` (None, "turns", "context" or
+    "final_turn_wasted": which limit this step hit), `task_id`, `hops`; `gold_answers`
+    only with `reveal_answer_in_info=True`. A tool call on the turn that hits `max_turns`
+    is not run (its result would be replaced by the notice): its `tool_calls` entry says so.
+
+    Observations are sanitised (`venus_gym.protocol.sanitize_observation`): lone
+    surrogates, chat control tokens such as `<|im_end|>` and stray `<tool_response>` tags
+    in tool output or echoed model strings are neutralised, so a rollout can always
+    tokenise them.
 
     ## Arguments
     See `envs.config.DeepResearchConfig` (every keyword of `gym.make`, with help text):
@@ -117,6 +125,8 @@ class DeepResearchEnv(gym.Env[str, str]):
         self.count_tokens = self.config.token_counter or approx_token_count
         self.system_prompt = render_system_prompt(self.config.tools, date=self.config.date)
         self._system_tokens = self.count_tokens(self.system_prompt)
+        self._max_tool_text_chars = (self.config.max_observation_chars
+                                     - len(format_tool_response("")))
         self.action_space = UnicodeText(self.config.max_action_chars)
         self.observation_space = UnicodeText(self.config.max_observation_chars)
         self.task: Task | None = None
@@ -128,20 +138,21 @@ class DeepResearchEnv(gym.Env[str, str]):
               ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         self.task = self._choose_task(options or {})
+        question = sanitize_observation(self.task.question)[: self.config.max_observation_chars]
         self.turn = 0
-        self.tokens_used = self._system_tokens + self.count_tokens(self.task.question)
+        self.tokens_used = self._system_tokens + self.count_tokens(question)
         self.forced_final = False
         self._done = False
         self._reset_called = True
-        self.transcript: list[tuple[str, str]] = [("user", self.task.question)]
+        self.transcript: list[tuple[str, str]] = [("user", question)]
         info = {"task_id": self.task.id, "hops": self.task.hops, "turn": 0,
-                "question": self.task.question, "system_prompt": self.system_prompt,
+                "question": question, "system_prompt": self.system_prompt,
                 "tokens_used": self.tokens_used}
         if self.config.reveal_answer_in_info:
             info["gold_answers"] = list(self.task.answers)
         if self.render_mode == "human":
             self.render()
-        return self.task.question, info
+        return question, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if not self._reset_called:
@@ -158,17 +169,21 @@ class DeepResearchEnv(gym.Env[str, str]):
         action_tokens = self.count_tokens(action)
         parsed = parse_turn(action, cfg.tools)
         valid, reason = parsed.valid, parsed.reason
+        if valid and len(action) > cfg.max_action_chars:
+            valid, reason = False, (f"turn is {len(action)} characters, over "
+                                    f"max_action_chars={cfg.max_action_chars}")
         if valid and action_tokens > cfg.max_turn_tokens:
             valid, reason = False, (f"turn is {action_tokens} tokens, over the per-turn cap "
                                     f"of {cfg.max_turn_tokens}")
         if valid and self.forced_final and parsed.kind != "answer":
             valid, reason = False, "a tool call was made after the final-answer notice"
         kind = parsed.kind if valid else "invalid"
+        turn_budget_hit = self.turn >= cfg.max_turns
 
         info: dict[str, Any] = {"turn": self.turn, "kind": kind, "valid": valid,
                                 "reason": reason, "intent": parsed.intent, "tool_calls": [],
-                                "forced_final": self.forced_final, "task_id": task.id,
-                                "hops": task.hops}
+                                "forced_final": self.forced_final, "budget": None,
+                                "task_id": task.id, "hops": task.hops}
         reward, terminated, truncated = 0.0, False, False
         if kind == "answer":
             answer = parsed.answer or ""
@@ -179,22 +194,32 @@ class DeepResearchEnv(gym.Env[str, str]):
             reward = -cfg.format_penalty
             if self.forced_final:  # the one last chance was wasted
                 truncated, obs = True, ""
+                info["budget"] = "final_turn_wasted"
             else:
-                obs = format_error_notice(reason)
+                obs = format_error_notice(sanitize_observation(reason))
         else:
             call = parsed.tool_call
             assert call is not None
-            outcome = self.toolbox.call(call.name, call.arguments)
-            info["tool_calls"] = [{"name": call.name, "arguments": call.arguments,
-                                   "ok": outcome.ok, "error": outcome.error,
-                                   "urls": list(outcome.urls)}]
-            obs = format_tool_response(outcome.text)
+            if turn_budget_hit:
+                # Its result would be replaced by the notice (or the episode cut): skip the
+                # call rather than pay for a summarizer/search nobody reads.
+                obs = ""
+                info["tool_calls"] = [{"name": call.name, "arguments": call.arguments,
+                                       "ok": False, "error": "not run: turn budget reached",
+                                       "urls": []}]
+            else:
+                outcome = self.toolbox.call(call.name, call.arguments)
+                info["tool_calls"] = [{"name": call.name, "arguments": call.arguments,
+                                       "ok": outcome.ok, "error": outcome.error,
+                                       "urls": list(outcome.urls)}]
+                # Cut the body, not the frame, so the reply stays a well-formed message.
+                body = sanitize_observation(outcome.text)[: self._max_tool_text_chars]
+                obs = format_tool_response(body)
 
-        if len(obs) > cfg.max_observation_chars:
-            obs = obs[: cfg.max_observation_chars]
         self.tokens_used += action_tokens + self.count_tokens(obs)
-        if not (terminated or truncated) and (
-                self.turn >= cfg.max_turns or self.tokens_used >= cfg.max_context_tokens):
+        context_budget_hit = self.tokens_used >= cfg.max_context_tokens
+        if not (terminated or truncated) and (turn_budget_hit or context_budget_hit):
+            info["budget"] = "turns" if turn_budget_hit else "context"
             if cfg.forced_final_answer and not self.forced_final:
                 # DR-Venus replaces the last message by the notice, then allows one turn.
                 self.tokens_used -= self.count_tokens(obs)
@@ -225,7 +250,8 @@ class DeepResearchEnv(gym.Env[str, str]):
         else:
             text = "\n\n".join(f"[{role}]\n{content}" for role, content in self.transcript)
         if self.render_mode == "human":
-            print(text)
+            # Actions may hold lone surrogates; the console must not crash on them.
+            print(text.encode("utf-8", "replace").decode("utf-8"))
             return None
         return text
 

@@ -82,8 +82,9 @@ class DeepResearchGroupEnv:
             if d and a is not None:
                 raise ValueError(f"member {i} has finished its episode: pass None as its "
                                  f"action (or reset the group)")
-            if not d and a is None:
-                raise ValueError(f"member {i} is still running and needs an action (str)")
+            if not d and not isinstance(a, str):
+                raise TypeError(f"member {i} is still running and needs an action (str), "
+                                f"got {type(a).__name__}")
         live = [i for i, d in enumerate(self.done) if not d]
         if self._pool is not None and len(live) > 1:
             results = list(self._pool.map(lambda i: self.envs[i].step(actions[i]), live))

@@ -16,6 +16,7 @@ from typing import Any
 
 from venus_gym.corpus import Task, World
 from venus_gym.tools import (
+    ChainedPageStore,
     CorpusPageStore,
     ExtractiveSummarizer,
     LocalSearchIndex,
@@ -34,11 +35,11 @@ _lock = threading.Lock()
 
 def _world_key(cfg: DeepResearchConfig) -> tuple:
     if isinstance(cfg.world, World):
-        return ("object", id(cfg.world))
+        return ("object", id(cfg.world), cfg.search_backend)
     spec = str(cfg.world)
     if Path(spec).exists():
         spec = str(Path(spec).resolve())
-    return ("spec", spec, cfg.world_size, cfg.world_seed)
+    return ("spec", spec, cfg.world_size, cfg.world_seed, cfg.search_backend)
 
 
 def world_and_index(cfg: DeepResearchConfig) -> tuple[World, Any]:
@@ -68,8 +69,11 @@ def build_toolbox(cfg: DeepResearchConfig, world: World, index: Any) -> Toolbox:
     """The search/visit tools for one environment, as `cfg` asks."""
     remote = cfg.search_backend != "local" or cfg.summarizer != "extractive"
     timeout = cfg.tool_timeout_s if cfg.tool_timeout_s is not None else (30.0 if remote else None)
+    page_store = CorpusPageStore(world.corpus)
     if cfg.search_backend == "retrieval_server":
         search = RetrievalServerBackend(cfg.retrieval_url, timeout_s=timeout or 30.0)
+        # A retrieval server's hits may point at documents the local corpus lacks.
+        page_store = ChainedPageStore(search, page_store)
     else:
         search = index
     if cfg.summarizer == "openai":
@@ -77,7 +81,7 @@ def build_toolbox(cfg: DeepResearchConfig, world: World, index: Any) -> Toolbox:
                                       timeout_s=timeout or 30.0)
     else:
         summarizer = ExtractiveSummarizer()
-    return Toolbox(search, CorpusPageStore(world.corpus), summarizer,
+    return Toolbox(search, page_store, summarizer,
                    top_k=cfg.search_top_k, timeout_s=timeout, retries=cfg.tool_retries,
                    max_queries=cfg.max_queries_per_call, max_urls=cfg.max_urls_per_call)
 
@@ -92,6 +96,12 @@ def in_split(task: Task, split: str, test_fraction: float) -> bool:
 
 
 def select_tasks(world: World, cfg: DeepResearchConfig) -> list[Task]:
+    seen: set[str] = set()
+    for t in world.tasks:
+        if t.id in seen:
+            raise ValueError(f"world {world.name!r} has two tasks with id {t.id!r}: task ids "
+                             f"must be unique (reset selects tasks by id)")
+        seen.add(t.id)
     tasks = [t for t in world.tasks
              if in_split(t, cfg.task_split, cfg.test_fraction)
              and (cfg.hops is None or t.hops in cfg.hops)]

@@ -37,8 +37,12 @@ def test_group_steps_as_batch_and_finished_members_take_none():
     assert obs[0] == "" and "<tool_response>" in obs[1]
     with pytest.raises(ValueError, match="pass None"):
         group.step(["x", "y", "z"])
-    with pytest.raises(ValueError, match="needs an action"):
+    with pytest.raises(TypeError, match="needs an action"):
         group.step([None, None, "z"])
+    # A bad action is rejected before any member steps: nobody's state changes.
+    with pytest.raises(TypeError, match="member 2"):
+        group.step([None, search, 123])
+    assert group.done == [True, False, False] and not group.envs[1]._done
     obs, rew, term, trunc, info = group.step([None, format_answer_turn("t", "no"),
                                               format_answer_turn("t", gold)])
     assert rew == [0.0, 0.0, 1.0] and group.all_done

@@ -107,11 +107,15 @@ def test_env_with_llm_summarizer_and_its_failure(fake_llm):
 
 
 def test_env_with_retrieval_server_backend():
-    local = gym.make("DeepResearch-v0", world_size=200).unwrapped
-    server, _, base_url = serve_index(LocalSearchIndex(local.world.corpus))
+    from venus_gym.worlds import load_world
+
+    # A fresh world size so no earlier test cached it: the remote env is built first, and
+    # must not leave a local env of the same world without an index.
+    server, _, base_url = serve_index(LocalSearchIndex(load_world("synthetic", n_pages=210).corpus))
     try:
-        remote = gym.make("DeepResearch-v0", world_size=200, search_backend="retrieval_server",
+        remote = gym.make("DeepResearch-v0", world_size=210, search_backend="retrieval_server",
                           retrieval_url=base_url).unwrapped
+        local = gym.make("DeepResearch-v0", world_size=210).unwrapped
         local.reset(seed=1)
         remote.reset(seed=1)
         entity = local.task.gold_path[0]["entity"]

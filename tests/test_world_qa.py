@@ -128,8 +128,8 @@ def test_malformed_lines_raise_with_file_and_line(tmp_path):
     broken_json = _write(tmp_path / "a.jsonl", [good, "{not json"])
     with pytest.raises(DataFormatError, match=r"a\.jsonl:2:"):
         load_qa_world(broken_json)
-    no_answers = dict(good, answers=[])
-    bad_schema = _write(tmp_path / "b.jsonl", [good, good, no_answers])
+    no_answers = dict(good, id="bad", answers=[])
+    bad_schema = _write(tmp_path / "b.jsonl", [good, dict(good, id="ok2"), no_answers])
     with pytest.raises(DataFormatError, match=r"b\.jsonl:3: 'answers'"):
         load_qa_world(bad_schema)
     bad_paragraph = dict(good, paragraphs=[{"title": "A", "text": 5}])
@@ -162,3 +162,20 @@ def test_load_world_dispatches_on_paths_and_rejects_unknown_names(tmp_path):
         load_world("hotpotqa", seed=3)
     with pytest.raises(FileNotFoundError):
         load_qa_world(tmp_path / "missing.jsonl")
+
+
+def test_missing_ids_are_named_by_file_and_line_and_duplicates_rejected(tmp_path):
+    import json
+
+    from venus_gym.corpus import DataFormatError
+
+    record = {"question": "q?", "answers": ["a"],
+              "paragraphs": [{"title": "T", "text": "a b", "is_supporting": True}]}
+    path = tmp_path / "noid.jsonl"
+    path.write_text(json.dumps(record) + "\n" + json.dumps(record) + "\n")
+    world = load_qa_world(path)
+    assert [t.id for t in world.tasks] == ["noid:1", "noid:2"]
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text(json.dumps({**record, "id": "x"}) + "\n" + json.dumps({**record, "id": "x"}))
+    with pytest.raises(DataFormatError, match=r"dup.jsonl:2: duplicate id 'x' \(first on line 1\)"):
+        load_qa_world(dup)

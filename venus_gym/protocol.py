@@ -576,6 +576,31 @@ def format_answer_turn(think: str, answer: str) -> str:
     return f"{_think_block(think)}\n<answer>\n{answer}\n</answer>"
 
 
+_CHAT_CONTROL_TOKEN = re.compile(r"<\|([^|<>\s]{1,64})\|>")
+_RESPONSE_TAG = re.compile(r"<(/?tool_response)>")
+
+
+def sanitize_observation(text: str) -> str:
+    """Make untrusted text safe to place inside an observation.
+
+    Tool output (web pages, search hits, summaries) and the model's own strings echoed back
+    (queries, urls, goals, decoded from JSON escapes) can carry what must never reach the
+    chat template as-is:
+    - lone surrogates (from `"\\ud800"` escapes), which cannot be encoded as UTF-8:
+      replaced by '?';
+    - chat control tokens such as `<|im_end|>`, which would close the message early and
+      be tokenised as specials: rewritten as `< |im_end| >`;
+    - `<tool_response>` / `</tool_response>`, which would fake the frame: rewritten as
+      `&lt;tool_response&gt;`.
+    """
+    if not text.isascii():
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    if "<" in text:
+        text = _CHAT_CONTROL_TOKEN.sub(r"< |\1| >", text)
+        text = _RESPONSE_TAG.sub(r"&lt;\1&gt;", text)
+    return text
+
+
 def format_tool_response(text: str) -> str:
     """Wrap a tool result as the user message the model sees: `<tool_response>\\n...\\n</tool_response>`."""
     return f"<tool_response>\n{text}\n</tool_response>"

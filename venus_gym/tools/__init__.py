@@ -2,6 +2,7 @@
 and the backends behind them. The environment talks to a `Toolbox` only."""
 
 from .base import (
+    ChainedPageStore,
     CorpusPageStore,
     PageStore,
     PageSummary,
@@ -28,6 +29,7 @@ __all__ = [
     "SEPARATOR",
     "VISIT_FAILED_EVIDENCE",
     "VISIT_FAILED_SUMMARY",
+    "ChainedPageStore",
     "CorpusPageStore",
     "ExtractiveSummarizer",
     "LocalSearchIndex",

@@ -82,6 +82,21 @@ class CorpusPageStore:
         return self.corpus.get(url)
 
 
+class ChainedPageStore:
+    """Asks each store in turn; the first page found wins (e.g. a retrieval server's own
+    documents first, then the local corpus)."""
+
+    def __init__(self, *stores: PageStore):
+        self.stores = stores
+
+    def fetch(self, url: str) -> Page | None:
+        for store in self.stores:
+            page = store.fetch(url)
+            if page is not None:
+                return page
+        return None
+
+
 def default_snippet(page: Page, max_chars: int = 200) -> str:
     """The page's own snippet, else the start of its text cut at a word boundary.
 

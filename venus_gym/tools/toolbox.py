@@ -23,11 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .base import PageStore, PageSummary, SearchBackend, SearchHit, Summarizer
+from .base import PageStore, PageSummary, SearchBackend, SearchHit, Summarizer, ToolBackendError
 
 T = TypeVar("T")
 
 SEPARATOR = "\n=======\n"
+#: Failures worth retrying: the backend may answer next time.
+TRANSIENT_ERRORS = (ToolBackendError, TimeoutError, OSError)
 VISIT_TEMPLATE = ("The useful information in {url} for user goal {goal} as follows: \n\n"
                   "Evidence in page: \n{evidence}\n\nSummary: \n{summary}\n")
 VISIT_FAILED_EVIDENCE = ("The provided webpage content could not be accessed. "
@@ -153,8 +155,8 @@ class Toolbox:
             found, error = self._attempt(self._search_one, q)
             if error is not None:
                 errors.append(f"search {q!r}: {error}")
-                sections.append(f"The search for '{q}' failed: the search service did not "
-                                f"answer. Try again later or use a different query.")
+                sections.append(f"The search for '{q}' failed ({error[:200]}). Try again "
+                                f"later or use a different query.")
             else:
                 sections.append(render_hits(q, found))
                 hits.extend(found)
@@ -209,7 +211,12 @@ class Toolbox:
         return summary
 
     def _attempt(self, fn: Callable[..., T], *args: Any) -> tuple[T | None, str | None]:
-        """(result, None) on success; (None, error text) once every attempt failed."""
+        """(result, None) on success; (None, error text) once every attempt failed.
+
+        Only transient failures (ToolBackendError, timeouts, OSError: network, files) are
+        retried; anything else is a deterministic bug or bad input that a retry would only
+        repeat after sleeping, stalling a whole rollout group.
+        """
         delay = self.backoff_s
         error = ""
         for attempt in range(self.retries + 1):
@@ -217,8 +224,10 @@ class Toolbox:
                 if self.timeout_s is None:
                     return fn(*args), None
                 return self._with_timeout(fn, args), None
-            except Exception as e:  # any backend failure becomes an observation, not a crash
+            except TRANSIENT_ERRORS as e:
                 error = f"{type(e).__name__}: {e}"
+            except Exception as e:  # any other failure becomes an observation, not a crash
+                return None, f"{type(e).__name__}: {e}"
             if attempt < self.retries:
                 time.sleep(min(delay, self.max_backoff_s))
                 delay *= 2

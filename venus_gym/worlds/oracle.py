@@ -21,9 +21,11 @@ as ``[title](url)`` or as bare urls; when it finds none it falls back to broad s
 Usage::
 
     agent = OracleAgent(task, rng_seed=0)
-    observation = env.reset(...)            # the question
-    while not agent.done:
-        observation, ... = env.step(agent.act(observation))
+    observation, info = env.reset(options={"task_id": task.id})   # the question
+    done = False
+    while not done:
+        observation, reward, terminated, truncated, info = env.step(agent.act(observation))
+        done = terminated or truncated
 """
 
 from __future__ import annotations

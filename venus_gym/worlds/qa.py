@@ -70,9 +70,17 @@ def load_qa_world(path: str | Path, name: str | None = None, skip_bad: bool = Fa
     skipped: list[str] = []
     builder = _CorpusBuilder()
     tasks: list[Task] = []
+    first_line_of_id: dict[str, int] = {}
     for lineno, record in read_jsonl(path, skip_bad=skip_bad, errors=skipped):
         try:
-            tasks.append(_task_from_record(record, builder))
+            # Environments select tasks by id, so ids must be unique; a record without one
+            # is named after its file and line.
+            task_id = str(record.get("id") or f"{path.stem}:{lineno}")
+            if task_id in first_line_of_id:
+                raise ValueError(f"duplicate id {task_id!r} (first on line "
+                                 f"{first_line_of_id[task_id]})")
+            tasks.append(_task_from_record({**record, "id": task_id}, builder))
+            first_line_of_id[task_id] = lineno
         except (ValueError, TypeError, KeyError) as e:
             message = f"{path}:{lineno}: {e}"
             if not skip_bad:
