@@ -1,0 +1,79 @@
+"""Oracle SFT data: deterministic, train split only, exact masks, a long-turn tail."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainers.data.oracle_data import (
+    DEFAULT_MIXTURE,
+    SHORT_MIXTURE,
+    OracleDataConfig,
+    format_histogram,
+    generate_oracle_trajectories,
+    make_train_env,
+    tokenize_trajectories,
+    turn_histogram,
+    world_texts,
+)
+from trainers.models import build_chatml_tokenizer
+from trainers.tokenization import ChatTokenizer
+from trainers.trajectory import check_invariants
+
+ENV = {"world_size": 300, "world_seed": 0, "hops": (1, 2, 3, 4), "search_top_k": 3}
+
+
+@pytest.fixture(scope="module")
+def long_tail_data():
+    return generate_oracle_trajectories(OracleDataConfig(num_episodes=80, seed=1,
+                                                         env_kwargs=ENV,
+                                                         mixture=DEFAULT_MIXTURE))
+
+
+def test_deterministic_given_seed():
+    config = OracleDataConfig(num_episodes=6, seed=3, env_kwargs=ENV, mixture=SHORT_MIXTURE)
+    first = generate_oracle_trajectories(config)
+    second = generate_oracle_trajectories(config)
+    assert [t.to_json() for t in first] == [t.to_json() for t in second]
+    other = generate_oracle_trajectories(OracleDataConfig(num_episodes=6, seed=4,
+                                                          env_kwargs=ENV,
+                                                          mixture=SHORT_MIXTURE))
+    assert [t.messages for t in other] != [t.messages for t in first]
+
+
+def test_only_train_tasks_and_correct(long_tail_data):
+    train_ids = {task.id for task in make_train_env(ENV).unwrapped.tasks}
+    train_env = make_train_env(ENV).unwrapped
+    assert train_env.config.task_split == "train"
+    assert all(t.task_id in train_ids for t in long_tail_data)
+    assert all(t.outcome == 1.0 for t in long_tail_data)
+    # every episode uses the environment's own system prompt, then the question
+    for trajectory in long_tail_data:
+        assert trajectory.messages[0] == {"role": "system", "content": train_env.system_prompt}
+        assert trajectory.messages[1]["content"] == trajectory.question
+        check_invariants(trajectory)
+
+
+def test_long_turn_tail(long_tail_data):
+    counts = turn_histogram(long_tail_data)
+    total = sum(counts.values())
+    assert total == len(long_tail_data)
+    over_50 = counts["51-100"] + counts["101-150"] + counts[">150"]
+    over_100 = counts["101-150"] + counts[">150"]
+    assert over_50 >= 0.1 * total and over_100 >= 0.03 * total, format_histogram(counts)
+    assert counts["1-5"] + counts["6-10"] >= 0.4 * total  # most stay short
+    reasons = {t.messages[4]["content"][:40] for t in long_tail_data if len(t.messages) > 4}
+    assert len(reasons) > 5  # varied reasoning text
+
+
+def test_tokenized_with_exact_masks():
+    trajectories = generate_oracle_trajectories(OracleDataConfig(
+        num_episodes=4, seed=0, env_kwargs=ENV, mixture=SHORT_MIXTURE))
+    tokenizer = build_chatml_tokenizer(world_texts(ENV)[:200], vocab_size=600)
+    chat = ChatTokenizer(tokenizer)
+    for trajectory in tokenize_trajectories(trajectories, chat):
+        check_invariants(trajectory, tokenizer=chat)
+        # policy tokens decode to exactly the assistant turns (+ end-of-turn)
+        for (start, end), turn in zip(trajectory.turn_spans, trajectory.turns):
+            text = tokenizer.decode(trajectory.input_ids[start:end - 1])
+            assert text == turn.assistant
+            assert trajectory.input_ids[end - 1] == chat.end_of_turn_id

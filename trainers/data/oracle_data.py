@@ -1,0 +1,222 @@
+"""SFT trajectories from the embedded world, written by the oracle agent (issue 3, item 4).
+
+`generate_oracle_trajectories` runs `venus_gym.worlds.oracle.OracleAgent` through the real
+`DeepResearch-v0` environment (train split only, so the held-out "test" tasks stay unseen)
+and records each episode as a `trainers.trajectory.Trajectory`: the environment's own
+system prompt, the question, every assistant turn and every environment reply, with the
+turn kinds, validity and the outcome score the environment gave. `tokenize_trajectories`
+adds the token-level view (exact loss masks from the chat template, `check_invariants`).
+
+Long horizons come from a mixture of oracle settings (`OracleMixture`): most episodes take
+the direct path, some take random dead ends (`detour_prob`), and some are stretched to a
+target length (`target_turns`), which gives a turn histogram with a tail beyond 50 and 100
+turns, shaped like the REDSearcher data DR-Venus trains on (REFERENCE.md section 3).
+Everything is deterministic given `OracleDataConfig.seed`.
+
+Where we deviate from DR-Venus and why
+* The data is written by a scripted oracle over a generated world, not by a frontier
+  model over the web: it runs offline in seconds and its answers are verified by the
+  environment, so the LLM-judge correctness filter becomes "keep outcome == 1"
+  (`keep_only_correct`). Dead ends are scripted, so their reasoning text is templated.
+* Turn-aware resampling (1x / 2x / 5x by length) is a separate data-pipeline step, not
+  done here: this module only produces and tokenises trajectories.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+import venus_gym  # noqa: F401  (registers DeepResearch-v0)
+from trainers.tokenization import ChatTokenizer
+from trainers.trajectory import Trajectory, Turn, check_invariants
+from venus_gym.worlds.oracle import OracleAgent
+
+# Upper bin edges of the turn histogram; the last bin is open-ended. 50 and 100 are the
+# DR-Venus resampling thresholds.
+HISTOGRAM_EDGES: tuple[int, ...] = (5, 10, 20, 50, 100, 150)
+
+
+@dataclass(frozen=True)
+class OracleMixture:
+    """One component of the oracle-settings mixture.
+
+    weight:       relative share of episodes written with these settings.
+    detour_prob:  chance of a dead end at each decision point (see OracleAgent).
+    target_turns: (low, high) inclusive range; each episode draws a target length from it
+                  and the oracle pads itself with dead ends to about that many turns.
+                  None = no target (length set by the path and detour_prob).
+    style:        "varied" (seeded choice of reasoning templates) or "plain".
+    """
+
+    weight: float
+    detour_prob: float = 0.0
+    target_turns: tuple[int, int] | None = None
+    style: str = "varied"
+
+
+# Default mix: ~55% direct solutions, ~15% with a few random dead ends, and the rest
+# stretched to 21-50, 51-100 and 101-160 turns (the > 100-turn tail DR-Venus upweights;
+# REDSearcher's raw share of > 100 turns is 13.3%).
+DEFAULT_MIXTURE: tuple[OracleMixture, ...] = (
+    OracleMixture(weight=0.55),
+    OracleMixture(weight=0.15, detour_prob=0.35),
+    OracleMixture(weight=0.10, target_turns=(21, 50)),
+    OracleMixture(weight=0.10, target_turns=(51, 100)),
+    OracleMixture(weight=0.10, target_turns=(101, 160)),
+)
+SHORT_MIXTURE: tuple[OracleMixture, ...] = (
+    OracleMixture(weight=0.8),
+    OracleMixture(weight=0.2, detour_prob=0.25),
+)
+# One reasoning template per situation, direct paths: the easiest data to learn (tests).
+PLAIN_MIXTURE: tuple[OracleMixture, ...] = (OracleMixture(weight=1.0, style="plain"),)
+
+
+@dataclass
+class OracleDataConfig:
+    """What to generate. env_kwargs go to gym.make("DeepResearch-v0", ...) (task_split is
+    forced to "train")."""
+
+    num_episodes: int = 200
+    seed: int = 0
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    mixture: Sequence[OracleMixture] = DEFAULT_MIXTURE
+    keep_only_correct: bool = True
+
+
+def make_train_env(env_kwargs: dict[str, Any] | None = None) -> gym.Env:
+    """DeepResearch-v0 on the train split (the split argument cannot be overridden here)."""
+    kwargs = dict(env_kwargs or {})
+    kwargs["task_split"] = "train"
+    return gym.make("DeepResearch-v0", **kwargs)
+
+
+def run_oracle_episode(env: gym.Env, task_index: int, agent_seed: int,
+                       mixture: OracleMixture, target_turns: int | None,
+                       trajectory_id: str) -> Trajectory:
+    """Play one oracle episode on task `task_index` and record it as a text Trajectory."""
+    base = env.unwrapped
+    observation, info = env.reset(seed=agent_seed, options={"task_index": task_index})
+    task = base.task
+    agent = OracleAgent(task, rng_seed=agent_seed, detour_prob=mixture.detour_prob,
+                        target_turns=target_turns, style=mixture.style)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": base.system_prompt},
+                                      {"role": "user", "content": observation}]
+    turns: list[Turn] = []
+    outcome = 0.0
+    done = False
+    while not done:
+        action = agent.act(observation)
+        observation, reward, terminated, truncated, info = env.step(action)
+        done = terminated or truncated
+        messages.append({"role": "assistant", "content": action})
+        reply = observation if observation else None
+        if reply is not None:
+            messages.append({"role": "user", "content": reply})
+        turns.append(Turn(kind=info["kind"], valid=bool(info["valid"]), assistant=action,
+                          env_reply=reply, reason="" if info["valid"] else info["reason"],
+                          forced_final=bool(info.get("forced_final")) and done))
+        if terminated:
+            outcome = float(info.get("score", 0.0))
+    turns[-1].outcome_reward = outcome
+    return Trajectory(
+        id=trajectory_id, messages=messages, task_id=task.id, question=task.question,
+        answers=list(task.answers), turns=turns, outcome=outcome,
+        metadata={"source": "oracle", "hops": task.hops, "agent_seed": agent_seed,
+                  "detour_prob": mixture.detour_prob, "target_turns": target_turns,
+                  "style": mixture.style})
+
+
+def generate_oracle_trajectories(config: OracleDataConfig) -> list[Trajectory]:
+    """`config.num_episodes` oracle episodes on train-split tasks, as text Trajectories.
+
+    Tasks are visited in a seeded shuffled order (cycled, each pass reshuffled), so every
+    task is used before any repeats; each episode draws its mixture component and agent seed
+    from one seeded RNG, so the output is a pure function of the config. With
+    keep_only_correct, unsolved episodes are dropped (fewer than num_episodes may return).
+    """
+    if not config.mixture:
+        raise ValueError("the oracle mixture is empty")
+    env = make_train_env(config.env_kwargs)
+    rng = random.Random(f"oracle-data:{config.seed}")
+    task_count = len(env.unwrapped.tasks)
+    if task_count == 0:
+        raise ValueError("the train split has no tasks for these env settings")
+    weights = [component.weight for component in config.mixture]
+    order: list[int] = []
+    trajectories = []
+    for episode in range(config.num_episodes):
+        if not order:
+            order = list(range(task_count))
+            rng.shuffle(order)
+        task_index = order.pop()
+        component = rng.choices(list(config.mixture), weights=weights)[0]
+        target = None if component.target_turns is None else rng.randint(*component.target_turns)
+        agent_seed = rng.randrange(1 << 30)
+        trajectory = run_oracle_episode(env, task_index, agent_seed, component, target,
+                                        trajectory_id=f"oracle-{config.seed}-{episode:06d}")
+        if config.keep_only_correct and trajectory.outcome != 1.0:
+            continue
+        trajectories.append(trajectory)
+    env.close()
+    return trajectories
+
+
+def tokenize_trajectories(trajectories: Iterable[Trajectory], chat: ChatTokenizer | Any,
+                          check: bool = True) -> list[Trajectory]:
+    """Copies with the token-level view (chat template ids, exact loss masks).
+
+    chat: a ChatTokenizer or a Hugging Face tokenizer with a chat template.
+    check: run check_invariants on each result (cheap next to tokenisation).
+    """
+    chat = chat if isinstance(chat, ChatTokenizer) else ChatTokenizer(chat)
+    tokenized = []
+    for trajectory in trajectories:
+        with_tokens = trajectory.with_tokens(chat.tokenize(trajectory.messages))
+        if check:
+            check_invariants(with_tokens)
+        tokenized.append(with_tokens)
+    return tokenized
+
+
+def world_texts(env_kwargs: dict[str, Any] | None = None) -> list[str]:
+    """Texts to train a world-specific tokenizer on: the system prompt, every page (title and
+    text) and every question of the world (all splits: a tokenizer sees no answers it could
+    leak, and held-out entity names then tokenise as compactly as seen ones)."""
+    env = make_train_env(env_kwargs)
+    world = env.unwrapped.world
+    texts = [env.unwrapped.system_prompt]
+    for page in world.corpus:
+        texts.append(f"{page.title}\n{page.url}\n{page.text}\n{page.snippet}")
+    texts.extend(task.question for task in world.tasks)
+    env.close()
+    return texts
+
+
+def turn_histogram(trajectories: Iterable[Trajectory],
+                   edges: Sequence[int] = HISTOGRAM_EDGES) -> dict[str, int]:
+    """Counts of trajectories by number of assistant turns: bins "1-5", "6-10", ..., ">150"."""
+    labels, low = [], 1
+    for edge in edges:
+        labels.append(f"{low}-{edge}")
+        low = edge + 1
+    labels.append(f">{edges[-1]}")
+    counts = dict.fromkeys(labels, 0)
+    for trajectory in trajectories:
+        n_turns = sum(message["role"] == "assistant" for message in trajectory.messages)
+        bin_index = next((i for i, edge in enumerate(edges) if n_turns <= edge), len(edges))
+        counts[labels[bin_index]] += 1
+    return counts
+
+
+def format_histogram(counts: dict[str, int]) -> str:
+    """A small text bar chart of turn_histogram's counts."""
+    total = max(1, sum(counts.values()))
+    width = max(len(label) for label in counts)
+    return "\n".join(f"{label:>{width}} turns | {count:5d} ({100 * count / total:5.1f}%) "
+                     f"{'#' * round(40 * count / total)}" for label, count in counts.items())

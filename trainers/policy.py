@@ -1,0 +1,236 @@
+"""Run a Hugging Face causal LM as a policy in DeepResearch-v0, token in, token out.
+
+`TransformersPolicy(model, chat)` generates one assistant turn at a time from the exact ids
+of the conversation so far (`ConversationBuilder.prompt_ids()`), greedy or sampled, and
+stops at the end-of-turn token. The generated ids go into the trajectory verbatim with their
+log-probs; only the decoded text (without the end-of-turn token) goes to the environment.
+The KV cache is kept across turns: the next turn's prompt extends the ids already in the
+cache (the builder only appends), so each token is encoded once per episode.
+
+`run_episode` plays one task and returns a `Trajectory` (messages, turns with the env's
+kind / validity / rewards, token view, rollout log-probs) and per-episode stats;
+`evaluate_policy` plays a list of tasks and aggregates format validity and accuracy.
+
+Where we deviate from DR-Venus and why
+* Control tokens other than the end-of-turn token (e.g. `<|im_start|>`, padding) are
+  never sampled (their logits are masked), as engines do with bad-word lists: message text
+  may not contain them (the chat template would read them as structure). The DR-Venus
+  stop string `<tool_response>` is unnecessary here because the env parses the turn; a
+  turn that runs into a tool response is simply malformed.
+* No retries on empty / repetitive / duplicate turns (REFERENCE.md section 1): evaluation
+  measures the policy as it is; retries belong to a serving engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import torch
+from transformers import Cache
+
+from trainers.tokenization import ChatTokenizer, ConversationBuilder
+from trainers.trajectory import Trajectory, Turn, check_invariants
+
+
+@dataclass
+class GeneratedTurn:
+    token_ids: list[int]  # ends with the end-of-turn id unless cut by max_new_tokens
+    text: str  # decoded turn without the end-of-turn token
+    logprobs: list[float]
+
+
+class TransformersPolicy:
+    """Turn-level generation with a transformers causal LM.
+
+    Args:
+        model: any causal LM with a KV cache (put in eval mode here).
+        chat: the ChatTokenizer whose template the model was trained with.
+        max_new_tokens: cap per turn (a cut turn is closed by the builder and is usually
+            malformed).
+        temperature: 0 = greedy; else sample from softmax(logits / temperature).
+        top_p, top_k: nucleus / top-k filtering when sampling (1.0 / 0 = off).
+        seed: seed of the sampling generator.
+    """
+
+    def __init__(self, model: Any, chat: ChatTokenizer, max_new_tokens: int = 256,
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0):
+        self.model = model.eval()
+        self.chat = chat
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.top_k = top_k
+        self.device = next(model.parameters()).device
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        eot = chat.end_of_turn_id
+        special = set(getattr(chat.tokenizer, "all_special_ids", []))
+        self.banned_ids = sorted(i for i in special if i != eot)
+        self._cache: Cache | None = None
+        self._cached_ids: list[int] = []
+
+    def reset(self) -> None:
+        """Forget the KV cache (start of an episode)."""
+        self._cache, self._cached_ids = None, []
+
+    @torch.no_grad()
+    def _forward(self, new_ids: list[int]) -> torch.Tensor:
+        """Run new_ids through the model after the cached ids; returns the last logits."""
+        start = len(self._cached_ids)
+        inputs = torch.tensor([new_ids], device=self.device)
+        positions = torch.arange(start, start + len(new_ids), device=self.device)[None]
+        output = self.model(input_ids=inputs, position_ids=positions, cache=self._cache,
+                            use_cache=True, logits_to_keep=1)
+        self._cache = output.cache
+        self._cached_ids.extend(new_ids)
+        return output.logits[0, -1].float()
+
+    def _choose(self, logits: torch.Tensor) -> tuple[int, float]:
+        if self.banned_ids:
+            logits = logits.clone()
+            logits[self.banned_ids] = float("-inf")
+        if self.temperature <= 0:
+            token = int(torch.argmax(logits))
+            return token, float(torch.log_softmax(logits, dim=-1)[token])
+        scaled = logits / self.temperature
+        log_probs = torch.log_softmax(scaled, dim=-1)
+        filtered = scaled.clone()
+        if self.top_k > 0:
+            kth = torch.topk(filtered, min(self.top_k, filtered.numel())).values[-1]
+            filtered[filtered < kth] = float("-inf")
+        if self.top_p < 1.0:
+            sorted_logits, order = torch.sort(filtered, descending=True)
+            cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+            drop = cumulative - torch.softmax(sorted_logits, dim=-1) > self.top_p
+            filtered[order[drop]] = float("-inf")
+        probs = torch.softmax(filtered, dim=-1)
+        token = int(torch.multinomial(probs.cpu(), 1, generator=self.generator))
+        # The sampling distribution's log-prob (after temperature, before top-k/p filtering,
+        # as engines report it).
+        return token, float(log_probs[token])
+
+    def generate_turn(self, prompt_ids: Sequence[int]) -> GeneratedTurn:
+        """Generate one turn continuing `prompt_ids` (the whole conversation so far)."""
+        prompt = list(prompt_ids)
+        if self._cached_ids != prompt[:len(self._cached_ids)]:
+            self.reset()  # a different conversation: the cache does not apply
+        logits = self._forward(prompt[len(self._cached_ids):] or prompt[-1:])
+        eot = self.chat.end_of_turn_id
+        ids: list[int] = []
+        logprobs: list[float] = []
+        for _ in range(self.max_new_tokens):
+            token, logprob = self._choose(logits)
+            ids.append(token)
+            logprobs.append(min(0.0, logprob))
+            if token == eot:
+                break
+            logits = self._forward([token])
+        text_ids = ids[:-1] if ids and ids[-1] == eot else ids
+        text = self.chat.tokenizer.decode(text_ids, skip_special_tokens=False,
+                                          clean_up_tokenization_spaces=False)
+        return GeneratedTurn(ids, text, logprobs)
+
+
+@dataclass
+class EpisodeStats:
+    task_id: str
+    hops: int
+    turns: int
+    valid_turns: int
+    answered: bool
+    score: float
+    truncated: bool
+    tokens: int
+
+
+@dataclass
+class PolicyEvaluation:
+    """Aggregates over evaluated episodes (see evaluate_policy)."""
+
+    trajectories: list[Trajectory] = field(default_factory=list)
+    episodes: list[EpisodeStats] = field(default_factory=list)
+
+    @property
+    def format_valid_rate(self) -> float:
+        turns = sum(e.turns for e in self.episodes)
+        return sum(e.valid_turns for e in self.episodes) / turns if turns else 0.0
+
+    @property
+    def accuracy(self) -> float:
+        return sum(e.score for e in self.episodes) / len(self.episodes) if self.episodes else 0.0
+
+    @property
+    def answer_rate(self) -> float:
+        return sum(e.answered for e in self.episodes) / len(self.episodes) if self.episodes else 0.0
+
+    @property
+    def mean_turns(self) -> float:
+        return sum(e.turns for e in self.episodes) / len(self.episodes) if self.episodes else 0.0
+
+    def summary(self) -> dict[str, float]:
+        return {"episodes": len(self.episodes), "format_valid_rate": self.format_valid_rate,
+                "accuracy": self.accuracy, "answer_rate": self.answer_rate,
+                "mean_turns": self.mean_turns}
+
+
+def run_episode(env: gym.Env, policy: TransformersPolicy, task_index: int | None = None,
+                seed: int | None = None, trajectory_id: str = "") -> tuple[Trajectory, EpisodeStats]:
+    """Play one episode (task `task_index` of the env's split, else one drawn with `seed`)."""
+    options = {"task_index": task_index} if task_index is not None else None
+    observation, info = env.reset(seed=seed, options=options)
+    base = env.unwrapped
+    task = base.task
+    prompt = [{"role": "system", "content": base.system_prompt},
+              {"role": "user", "content": observation}]
+    builder = ConversationBuilder(policy.chat, prompt)
+    policy.reset()
+    turns: list[Turn] = []
+    score, answered, truncated, done = 0.0, False, False, False
+    while not done:
+        generated = policy.generate_turn(builder.prompt_ids())
+        builder.add_generation(generated.token_ids, generated.text, generated.logprobs)
+        observation, reward, terminated, truncated, info = env.step(generated.text)
+        done = terminated or truncated
+        turns.append(Turn(kind=info["kind"], valid=bool(info["valid"]),
+                          assistant=generated.text, env_reply=observation or None,
+                          reason="" if info["valid"] else str(info["reason"]),
+                          forced_final=bool(info.get("forced_final")) and done,
+                          format_reward=reward if not info["valid"] else None))
+        if terminated:
+            answered, score = True, float(info.get("score", 0.0))
+        if observation:
+            builder.add_env_reply(observation)
+    last = turns[-1]
+    if last.valid:
+        last.outcome_reward = score
+    else:
+        # The outcome of an unanswered episode is 0; the format penalty stays separate.
+        last.outcome_reward = 0.0
+    tokenized = builder.finish()
+    trajectory = Trajectory(
+        id=trajectory_id or f"{task.id}/policy", messages=builder.messages, task_id=task.id,
+        question=task.question, answers=list(task.answers), turns=turns, outcome=score,
+        metadata={"hops": task.hops}).with_tokens(tokenized, builder.rollout_logprobs)
+    check_invariants(trajectory)
+    stats = EpisodeStats(task_id=task.id, hops=task.hops, turns=len(turns),
+                         valid_turns=sum(t.valid for t in turns), answered=answered,
+                         score=score, truncated=truncated, tokens=len(tokenized.input_ids))
+    return trajectory, stats
+
+
+def evaluate_policy(policy: TransformersPolicy, env_kwargs: dict[str, Any],
+                    num_tasks: int = 0, task_split: str = "test") -> PolicyEvaluation:
+    """Play the first `num_tasks` tasks of `task_split` (0 = all), one episode each."""
+    env = gym.make("DeepResearch-v0", **{**env_kwargs, "task_split": task_split})
+    count = len(env.unwrapped.tasks) if num_tasks <= 0 else min(num_tasks,
+                                                                len(env.unwrapped.tasks))
+    evaluation = PolicyEvaluation()
+    for index in range(count):
+        trajectory, stats = run_episode(env, policy, task_index=index, seed=index,
+                                        trajectory_id=f"eval-{task_split}-{index:05d}")
+        evaluation.trajectories.append(trajectory)
+        evaluation.episodes.append(stats)
+    env.close()
+    return evaluation

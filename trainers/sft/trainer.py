@@ -1,0 +1,361 @@
+"""The masked SFT training loop: packing, accumulation, AdamW + warm-up/cosine, exact resume.
+
+`SFTTrainer(model, samples, train_config, data_config, pad_id)` trains any transformers
+causal LM on `SFTSample`s (ids + policy-token mask). One optimizer step consumes
+`rows_per_micro_batch * grad_accum * world_size` rows (packed or padded, see
+trainers.sft.packing). The loss is the mean cross-entropy over every trained (policy) token
+of the step, across micro-batches and workers: each micro-batch backpropagates
+sum(token losses) / (trained tokens of the whole step), and workers all-reduce (sum) their
+gradients. That makes N workers compute exactly the gradient one worker computes on the
+same global batch, and makes the loss independent of how rows fall into micro-batches.
+
+Exact resume. The rows of every epoch are a pure function of (seed, epoch) and a step's
+rows a pure function of the step number, so a checkpoint needs only the step besides the
+model, optimizer, scheduler and RNG states (python, numpy, torch); resuming replays the
+same batches in the same order and matches an uninterrupted run step for step (bitwise on
+the same machine and thread count, as tested).
+
+Where we deviate from DR-Venus and why
+* No separate learning-rate floor or batch-size schedule; warm-up + cosine as in the paper.
+* bf16 is autocast (fp32 master weights, fp32 loss), not a bf16 model: safer for the tiny
+  models trained from scratch here, and the same code path on CPU and GPU.
+* Gradients are all-reduced by hand (one flattened buffer per step) rather than through
+  DDP, so accumulation needs no no_sync() and the reduction point is explicit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from trainers.sft.config import DataConfig, TrainConfig
+from trainers.sft.packing import (
+    IGNORE_INDEX,
+    Batch,
+    SFTSample,
+    collate,
+    epoch_rows,
+    masked_lm_loss_sum,
+)
+from trainers.sft.varlen import packed_spans
+
+CHECKPOINT_PREFIX = "checkpoint-"
+STATE_FILE = "trainer_state.pt"
+METRICS_FILE = "metrics.jsonl"
+# Bump when pack_samples changes: the same data would be packed into different rows, so a
+# checkpoint from another packer cannot resume exactly.
+PACKER = "subset-sum-v1"
+
+
+def warmup_cosine(step: int, total_steps: int, warmup_ratio: float, min_lr_ratio: float) -> float:
+    """LR multiplier: linear warm-up over ceil(warmup_ratio * total) steps, then cosine from 1
+    down to min_lr_ratio at the last step."""
+    warmup = math.ceil(warmup_ratio * total_steps)
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total_steps - warmup)
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for `precision` on `device`, or None for plain fp32."""
+    if precision == "fp32":
+        return None
+    if precision == "bf16":
+        return torch.bfloat16
+    if precision == "auto":
+        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if cuda_bf16 else None
+    raise ValueError(f"precision must be 'fp32', 'bf16' or 'auto', got {precision!r}")
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """The checkpoint directory with the highest step in output_dir, if any."""
+    found = sorted(Path(output_dir).glob(f"{CHECKPOINT_PREFIX}*/{STATE_FILE}"))
+    return found[-1].parent if found else None
+
+
+class SFTTrainer:
+    """Masked SFT of a causal LM (see module docstring).
+
+    Args:
+        model: a transformers causal LM (anything whose forward takes input_ids,
+            position_ids and attention_mask and returns .logits).
+        samples: the training samples (every worker holds all of them; each takes its rows).
+        train_config, data_config: see trainers.sft.config.
+        pad_id: padding token id.
+        config_record: the whole experiment config, stored in checkpoints and logged.
+        log: where console lines go (default: tqdm.write / print).
+    Distributed: if torch.distributed is initialised, rank and world size come from it and
+    gradients and logged sums are all-reduced; only rank 0 writes files and logs.
+    """
+
+    def __init__(self, model: torch.nn.Module, samples: Sequence[SFTSample],
+                 train_config: TrainConfig, data_config: DataConfig, pad_id: int,
+                 config_record: dict[str, Any] | None = None,
+                 log: Callable[[str], None] | None = None):
+        if not samples:
+            raise ValueError("no training samples")
+        self.model = model
+        self.samples = list(samples)
+        self.cfg = train_config
+        self.data_cfg = data_config
+        self.pad_id = pad_id
+        self.config_record = config_record or {}
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        self.is_main = self.rank == 0
+        self._log = log
+        self.device = next(model.parameters()).device
+        self.autocast_dtype = resolve_precision(train_config.precision, self.device)
+        self.output_dir = Path(train_config.output_dir)
+
+        self.rows_per_step = data_config.rows_per_micro_batch * train_config.grad_accum \
+            * self.world_size
+        self._rows_cache: dict[int, list[list[int]]] = {}
+        rows_per_epoch = len(self._epoch_rows(0))
+        self.steps_per_epoch = max(1, math.ceil(rows_per_epoch / self.rows_per_step))
+        self.total_steps = train_config.max_steps or max(
+            1, math.ceil(train_config.epochs * self.steps_per_epoch))
+
+        if train_config.gradient_checkpointing:
+            # transformers 5 renamed the method; keep working with both spellings.
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False})
+        decay, no_decay = [], []
+        for name, parameter in model.named_parameters():
+            if parameter.requires_grad:
+                # Biases and norm gains are not decayed (the usual AdamW practice).
+                (no_decay if parameter.ndim < 2 or "norm" in name else decay).append(parameter)
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": train_config.weight_decay},
+             {"params": no_decay, "weight_decay": 0.0}],
+            lr=train_config.lr, betas=tuple(train_config.betas))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: warmup_cosine(step, self.total_steps,
+                                                       train_config.warmup_ratio,
+                                                       train_config.min_lr_ratio))
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        if self.distributed:
+            self._broadcast_parameters()
+
+    # --- data ---------------------------------------------------------------------
+    def _epoch_rows(self, epoch: int) -> list[list[int]]:
+        if epoch not in self._rows_cache:
+            self._rows_cache = {epoch: epoch_rows(self.samples, self.data_cfg.max_seq_len,
+                                                  self.data_cfg.packing, self.cfg.seed, epoch)}
+        return self._rows_cache[epoch]
+
+    def step_rows(self, step: int) -> list[list[int]]:
+        """All workers' rows of optimizer step `step` (the global batch)."""
+        epoch, within = divmod(step, self.steps_per_epoch)
+        rows = self._epoch_rows(epoch)
+        return rows[within * self.rows_per_step:(within + 1) * self.rows_per_step]
+
+    def micro_batches(self, step: int) -> tuple[list[Batch], int, int]:
+        """(this worker's micro-batches, trained tokens of the global step, real tokens of
+        the global step). Worker r takes every world_size-th row of the global batch."""
+        global_rows = self.step_rows(step)
+        trained = sum(self.samples[i].trained_tokens for row in global_rows for i in row)
+        real = sum(len(self.samples[i]) for row in global_rows for i in row)
+        mine = global_rows[self.rank::self.world_size]
+        size = self.data_cfg.rows_per_micro_batch
+        batches = [collate(self.samples, mine[k:k + size], self.pad_id, self.data_cfg.packing,
+                           self.data_cfg.max_seq_len) for k in range(0, len(mine), size)]
+        return batches, trained, real
+
+    # --- one step -----------------------------------------------------------------
+    def train_step(self) -> dict[str, Any]:
+        """One optimizer step; returns its metrics."""
+        started = time.perf_counter()
+        self.model.train()
+        batches, trained_tokens, real_tokens = self.micro_batches(self.step)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        for batch in batches:
+            inputs = {k: v.to(self.device) for k, v in batch.model_inputs().items()}
+            labels = batch.labels.to(self.device)
+            extra: dict[str, Any] = {}
+            if self.cfg.logits_on_trained_positions_only:
+                # The LM head (vocab x hidden per position) is a large share of a small
+                # model's cost; only positions with a label need logits. A 2D boolean
+                # logits_to_keep returns the kept positions flattened, in row-major order.
+                trained = labels != IGNORE_INDEX
+                extra["logits_to_keep"] = trained
+                labels = labels[trained]
+            mode = self.data_cfg.packed_attention if self.data_cfg.packing \
+                else self.data_cfg.padded_attention
+            use_varlen = mode == "varlen"
+            if use_varlen:
+                inputs.pop("attention_mask")
+            attention = packed_spans(self.model, batch.spans) if use_varlen \
+                else contextlib.nullcontext()
+            # backward() stays inside the attention context: gradient checkpointing
+            # recomputes the forward there and must see the same attention function.
+            with attention:
+                with torch.autocast(self.device.type,
+                                    dtype=self.autocast_dtype or torch.float32,
+                                    enabled=self.autocast_dtype is not None):
+                    logits = self.model(**inputs, use_cache=False, **extra).logits
+                token_loss_sum = masked_lm_loss_sum(logits, labels)
+                (token_loss_sum / max(1, trained_tokens)).backward()
+            loss_sum += token_loss_sum.detach().double().cpu()
+        if self.distributed:
+            self._all_reduce_gradients()
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+        parameters = [p for p in self.model.parameters() if p.requires_grad]
+        if self.cfg.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(parameters, self.cfg.grad_clip)
+        else:
+            grad_norm = torch.linalg.vector_norm(torch.stack(
+                [p.grad.norm() for p in parameters if p.grad is not None]))
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        elapsed = time.perf_counter() - started
+        metrics = {"step": self.step, "epoch": self.step / self.steps_per_epoch,
+                   "loss": float(loss_sum) / max(1, trained_tokens), "lr": lr,
+                   "grad_norm": float(grad_norm), "tokens": real_tokens,
+                   "trained_tokens": trained_tokens, "tokens_per_s": real_tokens / elapsed,
+                   "step_time_s": elapsed}
+        self.history.append(metrics)
+        return metrics
+
+    def _all_reduce_gradients(self) -> None:
+        parameters = [p for p in self.model.parameters() if p.requires_grad]
+        for parameter in parameters:
+            if parameter.grad is None:  # a worker with no rows this step still joins
+                parameter.grad = torch.zeros_like(parameter)
+        flat = torch.cat([p.grad.reshape(-1) for p in parameters])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for parameter in parameters:
+            n = parameter.numel()
+            parameter.grad.copy_(flat[offset:offset + n].view_as(parameter.grad))
+            offset += n
+
+    def _broadcast_parameters(self) -> None:
+        # Replicas start identical whatever each worker's initialisation did.
+        with torch.no_grad():
+            for tensor in list(self.model.parameters()) + list(self.model.buffers()):
+                dist.broadcast(tensor, src=0)
+
+    # --- the loop -----------------------------------------------------------------
+    def train(self, max_steps: int | None = None) -> list[dict[str, Any]]:
+        """Train until total_steps (or until step == max_steps); returns this call's metrics."""
+        stop = self.total_steps if max_steps is None else min(max_steps, self.total_steps)
+        if self.is_main:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            self.log(f"training {self.total_steps} steps ({self.steps_per_epoch}/epoch, "
+                     f"{self.rows_per_step} rows of {self.data_cfg.max_seq_len} tokens per "
+                     f"step, packing={self.data_cfg.packing}, workers={self.world_size}, "
+                     f"precision={self.autocast_dtype or torch.float32}) from step {self.step}")
+        bar = tqdm(total=stop, initial=self.step, disable=not (self.is_main and
+                                                                 self.cfg.progress_bar),
+                   desc="sft", dynamic_ncols=True)
+        metrics_this_call = []
+        with bar:
+            while self.step < stop:
+                metrics = self.train_step()
+                metrics_this_call.append(metrics)
+                bar.update(1)
+                bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+                if self.is_main:
+                    self._append_metrics(metrics)
+                    if self.step % max(1, self.cfg.log_every) == 0 or self.step == stop:
+                        self.log(f"step {self.step}/{self.total_steps} loss {metrics['loss']:.4f} "
+                                 f"lr {metrics['lr']:.2e} grad_norm {metrics['grad_norm']:.3f} "
+                                 f"tokens/s {metrics['tokens_per_s']:.0f}")
+                if self.cfg.save_every and self.step % self.cfg.save_every == 0:
+                    self.save_checkpoint()
+        return metrics_this_call
+
+    def log(self, line: str) -> None:
+        if not self.is_main:
+            return
+        if self._log is not None:
+            self._log(line)
+        elif self.cfg.progress_bar:
+            tqdm.write(line)
+        else:
+            print(line, flush=True)
+
+    def _append_metrics(self, metrics: dict[str, Any]) -> None:
+        with open(self.output_dir / METRICS_FILE, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(metrics) + "\n")
+
+    # --- checkpoints --------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Everything an exact resume needs."""
+        return {
+            "step": self.step, "total_steps": self.total_steps,
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                    "torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+            "data": self._data_record(),
+            "config": self.config_record,
+        }
+
+    def _data_record(self) -> dict[str, Any]:
+        """What fixes the rows of every step; a resume must match it exactly."""
+        return {"seed": self.cfg.seed, "packing": self.data_cfg.packing, "packer": PACKER,
+                "max_seq_len": self.data_cfg.max_seq_len, "samples": len(self.samples),
+                "sample_tokens": sum(map(len, self.samples)), "rows_per_step": self.rows_per_step}
+
+    def save_checkpoint(self, directory: str | Path | None = None) -> Path | None:
+        """Save a resumable checkpoint (rank 0 only; replicas are identical). Written to a
+        scratch directory and renamed, so a crash never leaves a half-written checkpoint."""
+        target = Path(directory) if directory is not None else \
+            self.output_dir / f"{CHECKPOINT_PREFIX}{self.step:07d}"
+        if self.is_main:
+            scratch = target.with_name(target.name + ".tmp")
+            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.mkdir(parents=True)
+            torch.save(self.state(), scratch / STATE_FILE)
+            shutil.rmtree(target, ignore_errors=True)
+            scratch.rename(target)
+            self.log(f"saved checkpoint {target}")
+        if self.distributed:
+            dist.barrier()
+        return target if self.is_main else None
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        """Restore a checkpoint written by save_checkpoint (any worker count with the same
+        global batch; the data settings must match)."""
+        state = torch.load(Path(directory) / STATE_FILE, map_location=self.device,
+                           weights_only=False)
+        expected = self._data_record()
+        if state["data"] != expected:
+            raise ValueError(f"checkpoint data settings {state['data']} differ from this run's "
+                             f"{expected}; an exact resume needs the same data and batching")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        self.total_steps = int(state["total_steps"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+        torch.set_rng_state(state["rng"]["torch"].cpu())
+        if state["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        self.log(f"resumed from {directory} at step {self.step}")
