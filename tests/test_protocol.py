@@ -558,7 +558,8 @@ def test_answer_turn_round_trips(think, answer):
 @FAST
 @given(text=st.text(max_size=3000))
 def test_any_text_parses_without_raising(text):
-    parse_checked(text)
+    result = parse_checked(text)
+    assert result.valid == (result.reason == "ok")
 
 
 TOKENS = STRUCTURAL_TAGS + [
@@ -578,7 +579,8 @@ tag_soup = st.lists(
 @FAST
 @given(text=tag_soup)
 def test_tag_soup_parses_without_raising(text):
-    parse_checked(text)
+    result = parse_checked(text)
+    assert result.valid == (result.reason == "ok")
 
 
 @FAST

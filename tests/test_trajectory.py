@@ -330,6 +330,11 @@ def test_truncated_turn_passes_the_template_check(good_trajectory: Trajectory, t
     trajectory = Trajectory(id="cut", messages=builder.messages).with_tokens(
         builder.finish(), builder.rollout_logprobs)
     check_invariants(trajectory, tokenizer)
+    # The builder closes the cut turn with an end-of-turn token the policy did not sample:
+    # it is in the ids (the template needs it) but not a policy token.
+    end = trajectory.turn_spans[0][1]
+    assert trajectory.input_ids[end] == chat.end_of_turn_id
+    assert trajectory.loss_mask[end] == 0 and trajectory.loss_mask[end - 1] == 1
 
 
 # --- JSONL -------------------------------------------------------------------------------
