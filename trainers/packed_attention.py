@@ -45,6 +45,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from trainers.attention_override import attention_override
+
 BLOCKSPARSE = "venus_probe_blocksparse"
 FLEX = "venus_probe_flex"
 
@@ -243,12 +245,5 @@ def packed_probe_attention(model: torch.nn.Module, layout: PackedProbeLayout | N
     or FLEX. The model's own setting is restored on exit, even after an error. Not
     thread-safe for one model object shared by threads (the config is shared).
     """
-    config = model.config
-    previous = config._attn_implementation
-    token = _ACTIVE_LAYOUT.set(layout)
-    config._attn_implementation = implementation
-    try:
+    with attention_override(model, implementation, _ACTIVE_LAYOUT, layout):
         yield
-    finally:
-        config._attn_implementation = previous
-        _ACTIVE_LAYOUT.reset(token)

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from trainers.attention_override import attention_override
+
 VARLEN_ATTENTION = "venus_sft_varlen"
 
 _SPANS: contextvars.ContextVar[Sequence[Sequence[tuple[int, int]]] | None] = \
@@ -57,12 +59,5 @@ def packed_spans(model: torch.nn.Module, spans: Sequence[Sequence[tuple[int, int
                  ) -> Iterator[None]:
     """Run `model` with varlen attention over `spans` (per row, the [start, end) of each
     sample), restoring the model's own attention implementation afterwards."""
-    config = model.config
-    previous = config._attn_implementation
-    token = _SPANS.set(spans)
-    config._attn_implementation = VARLEN_ATTENTION
-    try:
+    with attention_override(model, VARLEN_ATTENTION, _SPANS, spans):
         yield
-    finally:
-        config._attn_implementation = previous
-        _SPANS.reset(token)
