@@ -43,7 +43,7 @@ from trainers.tokenization import (
     ChatTokenizer,
     TokenizedConversation,
 )
-from venus_gym.corpus import DataFormatError, read_jsonl, write_jsonl
+from venus_gym.corpus import read_records, write_jsonl
 
 TURN_KINDS: tuple[str, ...] = ("search", "visit", "answer", "invalid")
 # Log-probs are <= 0 mathematically; allow float rounding in engines that compute them
@@ -301,21 +301,13 @@ def read_trajectories(path: str | Path, skip_bad: bool = False, errors: list[str
     invariant raises DataFormatError naming file:line. With skip_bad the line is skipped and
     the message appended to `errors` instead.
     """
-    trajectories = []
-    for lineno, data in read_jsonl(path, skip_bad=skip_bad, errors=errors):
-        try:
-            trajectory = Trajectory.from_json(data)
-            if check:
-                check_invariants(trajectory)
-        except ValueError as e:
-            message = f"{path}:{lineno}: {e}"
-            if not skip_bad:
-                raise DataFormatError(message) from None
-            if errors is not None:
-                errors.append(message)
-            continue
-        trajectories.append(trajectory)
-    return trajectories
+    def parse(data: dict[str, Any]) -> Trajectory:
+        trajectory = Trajectory.from_json(data)
+        if check:
+            check_invariants(trajectory)
+        return trajectory
+
+    return read_records(path, parse, skip_bad=skip_bad, errors=errors)
 
 
 # --- invariants ------------------------------------------------------------------------

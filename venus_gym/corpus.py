@@ -13,10 +13,12 @@ Readers name the file and line of anything they cannot parse; nothing is skipped
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class DataFormatError(ValueError):
@@ -131,6 +133,27 @@ def read_jsonl(path: str | Path, skip_bad: bool = False, errors: list[str] | Non
             yield lineno, obj
 
 
+def read_records(path: str | Path, parse: Callable[[dict[str, Any]], T],
+                 skip_bad: bool = False, errors: list[str] | None = None) -> list[T]:
+    """`parse` applied to every JSON object of a JSONL file.
+
+    A line that is not a JSON object, or that `parse` rejects with ValueError / TypeError,
+    raises DataFormatError naming file:line; with skip_bad it is skipped and the message
+    appended to `errors`.
+    """
+    records: list[T] = []
+    for lineno, obj in read_jsonl(path, skip_bad=skip_bad, errors=errors):
+        try:
+            records.append(parse(obj))
+        except (ValueError, TypeError) as e:
+            message = f"{path}:{lineno}: {e}"
+            if not skip_bad:
+                raise DataFormatError(message) from None
+            if errors is not None:
+                errors.append(message)
+    return records
+
+
 def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -170,23 +193,11 @@ class Corpus:
 
     @classmethod
     def load(cls, path: str | Path) -> Corpus:
-        pages = []
-        for lineno, obj in read_jsonl(path):
-            try:
-                pages.append(page_from_json(obj))
-            except ValueError as e:
-                raise DataFormatError(f"{path}:{lineno}: {e}") from None
-        return cls(pages)
+        return cls(read_records(path, page_from_json))
 
 
 def load_tasks(path: str | Path) -> list[Task]:
-    tasks = []
-    for lineno, obj in read_jsonl(path):
-        try:
-            tasks.append(Task.from_json(obj))
-        except (ValueError, TypeError) as e:
-            raise DataFormatError(f"{path}:{lineno}: {e}") from None
-    return tasks
+    return read_records(path, Task.from_json)
 
 
 def save_tasks(path: str | Path, tasks: Iterable[Task]) -> int:
