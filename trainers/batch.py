@@ -138,6 +138,26 @@ class RolloutBatch:
         """A copy with some fields replaced (validated again)."""
         return dataclasses.replace(self, **changes)
 
+    def select(self, rows: Sequence[int]) -> RolloutBatch:
+        """The sub-batch of `rows` (in that order), trimmed to its own longest row and most
+        turns (so a micro-batch of short trajectories does not pay for a long one)."""
+        index = torch.as_tensor(list(rows), dtype=torch.long)
+        if index.numel() == 0:
+            raise ValueError("select needs at least one row")
+        length = int(self.lengths[index].max())
+        turns = max(int(self.num_turns[index].max()), 1)
+        width = {"turn_end": turns, "turn_kind": turns, "turn_format_ok": turns,
+                 "boundary_scores": turns + 1}
+        changes: dict[str, torch.Tensor | None] = {}
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if value is not None:
+                value = value[index]
+                if value.ndim == 2:
+                    value = value[:, :width.get(item.name, length)]
+            changes[item.name] = value
+        return RolloutBatch(**changes)
+
 
 _LOGPROB_FIELDS = ("old_logprobs", "ref_logprobs", "engine_logprobs", "advantages")
 

@@ -1,0 +1,167 @@
+"""The RL driver (trainers.rl.driver): the loop in-process and on Ray, exact restarts from a
+checkpoint, 2 learners on gloo equal to 1, a shared search actor, and a killed rollout
+worker whose group is re-run elsewhere (none lost, none counted twice).
+
+The policy is a random tiny model, so every turn is malformed and every advantage is 0; an
+entropy bonus (entropy_coef) gives every step a real gradient, so the weights move and the
+optimizer state matters for the restart test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from trainers.data.oracle_data import world_texts
+from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
+from trainers.rl.config import RLConfig, load_rl_config
+from trainers.rl.driver import latest_rl_checkpoint, step_jobs, train
+from trainers.rl.metrics import read_metrics
+from trainers.trajectory import check_invariants
+
+WORLD = {"world_size": 300, "world_seed": 3}
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory) -> str:
+    directory = tmp_path_factory.mktemp("policy")
+    tokenizer = build_chatml_tokenizer(world_texts(WORLD), vocab_size=2048)
+    model = build_tiny_causal_lm(tokenizer, hidden=64, layers=2, heads=2, seed=0)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+def small_config(policy_dir: str, output_dir: Path, algorithm: str = "igpo",
+                 steps: int = 2) -> RLConfig:
+    config = RLConfig()
+    config.policy.path, config.policy.threads = policy_dir, 1
+    config.env = dataclasses.replace(config.env, hops=(1,), search_top_k=2, max_turns=3,
+                                     max_context_tokens=1500, **WORLD)
+    config.rollout = dataclasses.replace(config.rollout, group_size=2, queries_per_step=2,
+                                         max_turn_tokens=24, max_context_tokens=2048)
+    config.algorithm.name = algorithm
+    config.algorithm.options = {"loss": {"entropy_coef": 0.01}}
+    config.learner = dataclasses.replace(config.learner, lr=1e-3, micro_batch_size=2)
+    config.eval = dataclasses.replace(config.eval, num_tasks=1, max_turn_tokens=24)
+    config.run = dataclasses.replace(config.run, steps=steps, output_dir=str(output_dir),
+                                     progress_bar=False, tensorboard="off", save_every=1)
+    return config
+
+
+def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 0.0
+                 ) -> bool:
+    return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=0, atol=atol)
+                                        for k in a)
+
+
+def test_jobs_are_a_pure_function_of_seed_and_step_and_cover_each_epoch():
+    first = step_jobs(7, 3, 4, 10)
+    assert first == step_jobs(7, 3, 4, 10)
+    assert first != step_jobs(8, 3, 4, 10)
+    assert [job.group_id for job in first] == [0, 1, 2, 3]
+    assert len({job.seed for job in first}) == 4
+    epoch = [job.task_index for step in range(5) for job in step_jobs(7, step, 2, 10)]
+    assert sorted(epoch) == list(range(10))  # every task once per epoch
+
+
+def test_config_refuses_bad_settings_by_name(tmp_path, policy_dir):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"rollout": {"group_sise": 4}}))
+    with pytest.raises(ValueError, match="group_sise"):
+        load_rl_config(path)
+    config = small_config(policy_dir, tmp_path)
+    config.algorithm.options = {"gama": 0.9}
+    with pytest.raises(ValueError, match="gama"):
+        config.validate()
+    config = small_config(policy_dir, tmp_path)
+    config.learner.num_learners = 2
+    with pytest.raises(ValueError, match="use_ray"):
+        config.validate()
+    config = small_config(policy_dir, tmp_path)
+    config.algorithm.name = "ppo-typo"
+    with pytest.raises(KeyError, match="ppo-typo"):
+        config.validate()
+
+
+def test_in_process_run_restarted_from_its_checkpoint_matches_the_uninterrupted_run(
+        tmp_path, policy_dir):
+    full = train(small_config(policy_dir, tmp_path / "full", steps=3), keep_trajectories=True)
+    assert len(full.history) == 3
+    initial = build_tiny_causal_lm(
+        build_chatml_tokenizer(world_texts(WORLD), vocab_size=2048), hidden=64, layers=2,
+        heads=2, seed=0).state_dict()
+    assert not same_weights(full.weights, initial, atol=1e-6)  # the updates did something
+    for trajectories in full.trajectories:
+        assert len(trajectories) == 4  # 2 queries x G=2
+        for trajectory in trajectories:
+            check_invariants(trajectory)
+
+    killed_config = small_config(policy_dir, tmp_path / "restart", steps=3)
+    killed = train(killed_config, stop_after=2)
+    assert [h["step"] for h in killed.history] == [0, 1]
+    assert latest_rl_checkpoint(tmp_path / "restart").name == "checkpoint-000002"
+    resumed_config = small_config(policy_dir, tmp_path / "restart", steps=3)
+    resumed_config.run.resume = "latest"
+    resumed = train(resumed_config, keep_trajectories=True)
+    assert [h["step"] for h in resumed.history] == [2]
+    assert same_weights(resumed.weights, full.weights)  # bit for bit
+    assert [t.input_ids for t in resumed.trajectories[0]] == \
+        [t.input_ids for t in full.trajectories[2]]
+    for key in ("entropy", "kl", "grad_norm", "policy_loss"):
+        assert resumed.history[0][key] == full.history[2][key], key
+    steps = [row["step"] for row in read_metrics(tmp_path / "restart" / "metrics.jsonl")]
+    assert steps == [0, 1, 2]  # nothing logged twice
+    evaluation = json.loads((tmp_path / "restart" / "eval.json").read_text())
+    assert evaluation["before"] == {k: None if math.isnan(v) else v for k, v in full.before.items()}
+    assert resumed.before.keys() == full.before.keys()
+    assert (tmp_path / "restart" / "final" / "config.json").is_file()
+    assert list((tmp_path / "restart" / "samples").glob("step-*.jsonl"))
+
+
+def test_ray_two_learners_shared_search_and_a_killed_rollout_worker(tmp_path, policy_dir):
+    """On Ray: 2 learners (gloo), 2 rollout workers, one shared search actor. A rollout
+    worker is killed while groups are in flight; the step still has every group exactly
+    once, and the run equals the in-process single-learner run."""
+    import ray
+
+    local = small_config(policy_dir, tmp_path / "local")
+    local.rollout.queries_per_step = 4  # more groups than workers: the dead one gets work
+    reference = train(local, keep_trajectories=True)
+
+    config = small_config(policy_dir, tmp_path / "ray")
+    config.run.use_ray = True
+    config.rollout = dataclasses.replace(config.rollout, num_workers=2, queries_per_step=4,
+                                         cpus_per_worker=0.5)
+    config.learner = dataclasses.replace(config.learner, num_learners=2, cpus_per_learner=0.5)
+    config.env.shared_search = True
+    killed = []
+
+    def kill_a_busy_worker(result, workers):
+        if not killed:
+            victim = next(w for w in workers.rollout_workers
+                          if ray.get(w.ping.remote()) != result.worker)
+            ray.kill(victim)
+            killed.append(victim)
+
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        distributed = train(config, on_group_done=kill_a_busy_worker, keep_trajectories=True)
+    finally:
+        ray.shutdown()
+    assert killed
+    assert distributed.history[-1]["worker_restarts"] == 1
+    assert distributed.history[0]["retried_groups"] >= 1
+    for step in range(2):
+        ours = distributed.trajectories[step]
+        theirs = reference.trajectories[step]
+        assert [t.id for t in ours] == [t.id for t in theirs]  # every group once, in order
+        assert [t.input_ids for t in ours] == [t.input_ids for t in theirs]
+    assert same_weights(distributed.weights, reference.weights, atol=1e-5)
+    assert abs(distributed.history[1]["entropy"] - reference.history[1]["entropy"]) < 1e-4

@@ -1,0 +1,335 @@
+"""The worker verbs of the RL driver: rollout workers, learners and the shared search service.
+
+Each class is plain Python; the driver runs it in-process or wraps it with `ray.remote`
+(trainers.rl.driver). Nothing here imports Ray except `SearchService.url`'s node address.
+
+    RolloutWorker.rollout(job)        -> RolloutResult  (G trajectories of one query)
+    RolloutWorker.set_weights(state)                    (new policy weights into the engine)
+    Learner.score(batch, answers)     -> old / ref log-probs and IG probe scores of its rows
+    Learner.update(batch, totals)     -> metrics        (one optimizer step, grads all-reduced)
+    Learner.weights() / save(path) / load(path)
+
+Learners are data parallel with torch.distributed (gloo on CPU, NCCL on GPU): every learner
+holds a full replica, gets every world_size-th trajectory of a mini-batch, scales its loss by
+its share of the global loss units (tokens for token-mean, trajectories for seq-mean) and
+all-reduces gradients with SUM, so W learners compute exactly the one-learner update
+(tests/test_rl_driver.py checks it).
+
+Where we deviate from DR-Venus / verl and why
+* No FSDP: models trained here fit one worker. A sharded learner is a different Learner
+  class behind the same verbs.
+* The IG probe pass (trainers.information_gain.score_batch) also yields the old log-probs,
+  so IGPO pays one fused forward per trajectory for both; other algorithms do a plain
+  forward for old log-probs.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from trainers.batch import RolloutBatch
+from trainers.information_gain import score_batch
+from trainers.losses import token_logprobs_and_entropy
+from trainers.probes import build_probe_template, build_probes, encode_text
+from trainers.rollout import RolloutStats, SamplingConfig, rollout_group, text_token_counter
+from trainers.tokenization import CHATML_TEMPLATE, ChatTokenizer
+from trainers.trajectory import Trajectory
+
+LEARNER_STATE_FILE = "learner.pt"
+
+
+def load_policy(path: str | Path) -> tuple[Any, Any, ChatTokenizer]:
+    """(model in train mode, tokenizer, ChatTokenizer with plain ChatML) from a directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory = Path(path)
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"policy.path {str(path)!r} has no config.json; point it at a "
+                                f"save_pretrained directory (e.g. the SFT run's final/)")
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
+    chat = ChatTokenizer(tokenizer, chat_template=CHATML_TEMPLATE)
+    return model.train(), tokenizer, chat
+
+
+@dataclass
+class RolloutJob:
+    """One group to roll out: a train-split task, its group id in the batch and a seed."""
+
+    task_index: int
+    group_id: int
+    seed: int
+
+
+@dataclass
+class RolloutResult:
+    job: RolloutJob
+    trajectories: list[Trajectory]
+    stats: RolloutStats
+    worker: str = ""
+
+
+class RolloutWorker:
+    """An engine plus a group of G DeepResearch-v0 environments on the train split.
+
+    Args:
+        policy_path: model directory (its weights are replaced by set_weights later).
+        env_kwargs: DeepResearch-v0 arguments (task_split is forced to "train").
+        group_size, sampling, max_context_tokens: see trainers.rollout.rollout_group.
+        engine: "hf" or "vllm".
+        threads: torch threads in this process (0 = leave as is).
+        search_url: a shared retrieval server (SearchService) to search instead of a local
+            index.
+    """
+
+    def __init__(self, policy_path: str, env_kwargs: dict[str, Any], group_size: int,
+                 sampling: SamplingConfig, max_context_tokens: int, engine: str = "hf",
+                 threads: int = 0, search_url: str | None = None):
+        from envs.group import DeepResearchGroupEnv
+
+        if threads:
+            torch.set_num_threads(threads)
+        model, tokenizer, self.chat = load_policy(policy_path)
+        if engine == "hf":
+            from trainers.engines.hf import HFEngine
+
+            self.engine = HFEngine(model, tokenizer)
+        else:
+            from trainers.engines.vllm_engine import VLLMEngine
+
+            self.engine = VLLMEngine(policy_path)
+        kwargs = {**env_kwargs, "task_split": "train",
+                  "token_counter": text_token_counter(self.chat)}
+        if search_url:
+            kwargs.update(search_backend="retrieval_server", retrieval_url=search_url)
+        self.group_env = DeepResearchGroupEnv(group_size=group_size, **kwargs)
+        self.sampling = sampling
+        self.max_context_tokens = max_context_tokens
+        self.weights_version = -1
+        self.name = f"pid{os.getpid()}"
+
+    def num_tasks(self) -> int:
+        return len(self.group_env.tasks)
+
+    def set_weights(self, state: dict[str, torch.Tensor], version: int) -> int:
+        self.engine.update_weights(state)
+        self.weights_version = version
+        return version
+
+    def rollout(self, job: RolloutJob) -> RolloutResult:
+        stats = RolloutStats()
+        sampling = dataclasses.replace(self.sampling, seed=job.seed)
+        trajectories = rollout_group(
+            self.engine, self.group_env, self.chat, seed=job.seed,
+            options={"task_index": job.task_index}, sampling=sampling,
+            max_context_tokens=self.max_context_tokens, stats=stats,
+            trajectory_id_prefix=f"g{job.group_id}")
+        return RolloutResult(job, trajectories, stats, self.name)
+
+    def ping(self) -> str:
+        return self.name
+
+
+class SearchService:
+    """One full-text index of the world, served over the Search-R1 retrieval protocol
+    (venus_gym.tools.retrieval_server) so that every rollout worker shares it."""
+
+    def __init__(self, world_size: int, world_seed: int, host: str | None = None):
+        from venus_gym.tools.index import LocalSearchIndex
+        from venus_gym.tools.retrieval_server import serve_index
+        from venus_gym.worlds import load_world
+
+        world = load_world("synthetic", n_pages=world_size, seed=world_seed)
+        if host is None:
+            import ray
+
+            host = ray.util.get_node_ip_address()
+        self._server, _, self._url = serve_index(LocalSearchIndex(world.corpus), host=host)
+
+    def url(self) -> str:
+        return self._url
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@dataclass
+class LossTotals:
+    """Global loss units of one mini-batch (over all learners): each learner scales its
+    loss by its own units / these, so summed gradients equal the one-learner gradient."""
+
+    tokens: int
+    sequences: int
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Learner:
+    """One data-parallel replica of the policy with its optimizer and algorithm.
+
+    Args:
+        policy_path: starting weights and tokenizer.
+        algorithm: a trainers.algorithms.Algorithm.
+        lr, betas, weight_decay, grad_clip, warmup_steps: AdamW settings.
+        micro_batch_size: trajectories per forward/backward.
+        rank, world_size, master: torch.distributed rank, size and "host:port" (size 1 =
+            no process group).
+        backend: "gloo" or "nccl".
+        threads: torch threads (0 = leave as is).
+        seed: seeds python / numpy / torch in this process.
+    """
+
+    def __init__(self, policy_path: str, algorithm: Any, *, lr: float,
+                 betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0,
+                 grad_clip: float = 1.0, warmup_steps: int = 0, micro_batch_size: int = 4,
+                 rank: int = 0, world_size: int = 1, master: str = "", backend: str = "gloo",
+                 threads: int = 0, seed: int = 0):
+        if threads:
+            torch.set_num_threads(threads)
+        _seed_everything(seed)
+        self.rank, self.world_size = rank, world_size
+        if world_size > 1:
+            dist.init_process_group(backend, init_method=f"tcp://{master}", rank=rank,
+                                    world_size=world_size)
+        self.device = torch.device(f"cuda:{torch.cuda.current_device()}"
+                                   if backend == "nccl" else "cpu")
+        model, self.tokenizer, self.chat = load_policy(policy_path)
+        self.model = model.to(self.device)
+        self.algorithm = algorithm
+        loss_config = getattr(algorithm.config, "loss", None)
+        self.kl_coef = float(getattr(loss_config, "kl_coef", 0.0) or 0.0)
+        self.aggregation = getattr(loss_config, "aggregation", "token-mean")
+        self.reference = None
+        if self.kl_coef > 0:
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas),
+                                           weight_decay=weight_decay)
+        self.lr, self.warmup_steps, self.grad_clip = lr, warmup_steps, grad_clip
+        self.micro_batch_size = micro_batch_size
+        self.updates = 0
+        self.probe_template = None
+        if algorithm.needs_probe_scores:
+            # The policy's turns open with the template's assistant header followed by
+            # "<think>\n" (the DR-Venus turn format); the probe continues exactly there.
+            self.probe_template = build_probe_template(
+                self.tokenizer, list(self.chat.generation_prompt_ids)
+                + encode_text(self.tokenizer, "<think>\n"), eos_token_id=self.chat.end_of_turn_id)
+
+    # --- verbs ----------------------------------------------------------------------
+    def score(self, batch: RolloutBatch, answers: list[list[str]]) -> dict[str, torch.Tensor]:
+        """old_logprobs, ref_logprobs (if KL) and boundary_scores (if the algorithm probes)
+        for every row of `batch` (the driver gives each learner a slice of rows)."""
+        out: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            if self.probe_template is not None:
+                probes = [build_probes(self.tokenizer, self.probe_template, gold)
+                          for gold in answers]
+                scored = score_batch(self.model, batch, probes, self.algorithm.probe_slots(batch))
+                out["boundary_scores"] = scored.boundary_scores
+                out["old_logprobs"] = scored.old_logprobs
+            else:
+                out["old_logprobs"] = self._logprobs(self.model, batch, grad=False)[0]
+            if self.reference is not None:
+                out["ref_logprobs"] = self._logprobs(self.reference, batch, grad=False)[0]
+        return out
+
+    def update(self, batch: RolloutBatch | None, totals: LossTotals) -> dict[str, float]:
+        """One optimizer step on this learner's rows of a mini-batch (grads all-reduced).
+        `batch` is None for a learner that got no rows (it still joins the all-reduce).
+        Returned metrics are this learner's share; summed over learners they are the
+        batch means (grad_norm and lr are divided by world_size for the same reason)."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics: dict[str, float] = {}
+        for start in range(0, batch.batch_size if batch is not None else 0,
+                           self.micro_batch_size):
+            micro = batch.select(range(start, min(start + self.micro_batch_size,
+                                                  batch.batch_size)))
+            logprobs, entropy = self._logprobs(self.model, micro, grad=True)
+            loss, micro_metrics = self.algorithm.loss(micro, logprobs, entropy)
+            share = (int(micro.loss_mask.sum()) / max(1, totals.tokens)
+                     if self.aggregation == "token-mean"
+                     else micro.batch_size / max(1, totals.sequences))
+            (loss * share).backward()
+            # Each metric is weighted by this micro-batch's share of the global loss units;
+            # the driver sums over learners, which gives the batch-weighted mean.
+            for key, value in micro_metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + float(value) * share
+        if self.world_size > 1:
+            self._all_reduce_gradients()
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.grad_clip if self.grad_clip > 0 else float("inf"))
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr * min(1.0, (self.updates + 1) / max(1, self.warmup_steps))
+        self.optimizer.step()
+        self.updates += 1
+        return {**metrics, "grad_norm": float(grad_norm) / self.world_size,
+                "lr": self.optimizer.param_groups[0]["lr"] / self.world_size}
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {name: tensor.detach().cpu().clone()
+                for name, tensor in self.model.state_dict().items()}
+
+    def save(self, directory: str | Path) -> None:
+        """Write the learner state (only rank 0 writes; every rank holds the same state)."""
+        if self.rank != 0:
+            return
+        state = {"model": self.weights(), "optimizer": self.optimizer.state_dict(),
+                 "updates": self.updates,
+                 "reference": None if self.reference is None else {
+                     k: v.detach().cpu() for k, v in self.reference.state_dict().items()}}
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        torch.save(state, Path(directory) / LEARNER_STATE_FILE)
+
+    def load(self, directory: str | Path) -> int:
+        state = torch.load(Path(directory) / LEARNER_STATE_FILE, map_location=self.device,
+                           weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.reference is not None and state["reference"] is not None:
+            self.reference.load_state_dict(state["reference"])
+        self.updates = int(state["updates"])
+        return self.updates
+
+    def close(self) -> None:
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # --- internals ----------------------------------------------------------------------
+    def _logprobs(self, model: Any, batch: RolloutBatch, grad: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Aligned per-token log-probs and entropies [B, L] at temperature 1."""
+        input_ids = batch.input_ids.to(self.device)
+        attention = batch.attention_mask.to(self.device).long()
+        with torch.set_grad_enabled(grad):
+            logits = model(input_ids=input_ids, attention_mask=attention).logits
+            logprobs, entropy = token_logprobs_and_entropy(logits, input_ids)
+        return logprobs.cpu() if not grad else logprobs, entropy
+
+    def _all_reduce_gradients(self) -> None:
+        # A learner with no rows in this mini-batch still joins the all-reduce with zeros.
+        for parameter in self.model.parameters():
+            if parameter.requires_grad and parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
