@@ -33,8 +33,9 @@ from trainers.sft.pipeline import (  # noqa: E402
     build_model,
     build_samples,
     build_tokenizer,
+    train_sft,
 )
-from trainers.sft.trainer import STATE_FILE, SFTTrainer, latest_checkpoint  # noqa: E402
+from trainers.sft.trainer import STATE_FILE  # noqa: E402
 
 
 def train_and_evaluate(config: SFTExperimentConfig, evaluate_untrained: bool = False
@@ -51,41 +52,23 @@ def train_and_evaluate(config: SFTExperimentConfig, evaluate_untrained: bool = F
     samples = build_samples(config, chat)
     print(f"data: {len(samples)} samples, {sum(map(len, samples))} tokens "
           f"({time.perf_counter() - started:.1f} s)", flush=True)
-    model = build_model(config.model, tokenizer)
     results: dict[str, float] = {}
     eval_env = {**config.env_kwargs(), "max_turns": config.eval.max_turns}
 
-    def evaluate(prefix: str) -> None:
+    def evaluate(model: torch.nn.Module, prefix: str) -> None:
         policy = TransformersPolicy(model, chat, max_new_tokens=config.eval.max_new_tokens,
                                     temperature=config.eval.temperature)
         evaluation = evaluate_policy(policy, eval_env, num_tasks=config.eval.num_tasks)
         for key, value in evaluation.summary().items():
             results[f"{prefix}{key}"] = value
-        model.train()
 
-    if evaluate_untrained:
-        evaluate("untrained_")
-    if config.train.num_workers > 1:
-        from trainers.sft.distributed import train_data_parallel
-
-        state = train_data_parallel(config, model, samples, tokenizer.pad_token_id)
-        model.load_state_dict(state["model"])
-        history = state["history"]
-    else:
-        trainer = SFTTrainer(model, samples, config.train, config.data, tokenizer.pad_token_id,
-                             config_record=config_to_dict(config))
-        resume = config.train.resume
-        if resume:
-            trainer.load_checkpoint(latest_checkpoint(output_dir) if resume == "latest"
-                                    else resume)
-        history = trainer.train()
-        trainer.save_checkpoint()
+    if evaluate_untrained:  # the same seeded initialisation train_sft starts from
+        evaluate(build_model(config.model, tokenizer), "untrained_")
+    model, tokenizer, history = train_sft(config, samples)
     results["train_loss_last"] = history[-1]["loss"] if history else float("nan")
     results["train_tokens_per_s"] = sum(m["tokens"] for m in history) / max(
         1e-9, sum(m["step_time_s"] for m in history)) if history else 0.0
-    model.save_pretrained(output_dir / "final")
-    tokenizer.save_pretrained(output_dir / "final")
-    evaluate("")
+    evaluate(model, "")
     results["wall_s"] = time.perf_counter() - started
     (output_dir / "eval.json").write_text(json.dumps(results, indent=2))
     return results

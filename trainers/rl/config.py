@@ -89,6 +89,9 @@ class RolloutConfig:
                              "process.", 0)
     max_worker_restarts: int = _help("Replacement workers started when rollout workers "
                                      "die, per run.", 4)
+    vllm_options: dict[str, Any] = _help("Arguments for vllm.LLM when engine is 'vllm' "
+                                         "(e.g. dtype: bfloat16, gpu_memory_utilization: "
+                                         "0.5, max_model_len: 32768).", factory=dict)
     cpus_per_worker: float = _help("Ray CPUs reserved per rollout worker.", 1.0)
     gpus_per_worker: float = _help("Ray GPUs per rollout worker (vLLM on a GPU: 1).", 0.0)
 
@@ -157,6 +160,8 @@ class EvalSettings:
     """Held-out evaluation before and after training."""
 
     num_tasks: int = _help("Test-split tasks (0 = all).", 0)
+    before: bool = _help("Evaluate the starting policy too (skip it when several runs "
+                         "share one starting checkpoint).", True)
     every: int = _help("Also evaluate every N steps (0 = only before and after).", 0)
     max_turn_tokens: int = _help("Token cap per turn at evaluation.", 256)
 

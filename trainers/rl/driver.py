@@ -154,7 +154,7 @@ class Workers:
         config = self.config
         args = (config.policy.path, config.env.kwargs(), config.rollout.group_size,
                 _sampling(config), config.rollout.max_context_tokens, config.rollout.engine,
-                config.policy.threads, search_url)
+                config.policy.threads, search_url, dict(config.rollout.vllm_options))
         if not self.use_ray:
             return RolloutWorker(*args)
         import ray
@@ -386,7 +386,7 @@ def train(config: RLConfig, *, stop_after: int | None = None,
         weights = workers.sync_weights(start_step)
         num_tasks = workers.num_train_tasks()
         eval_engine = _EvalPolicy(config, weights)
-        if start_step == 0:
+        if start_step == 0 and config.eval.before:
             result.before = eval_engine.evaluate(evaluate_engine, chat)
         logger = MetricsLogger(output_dir, config.run.steps, start_step=start_step,
                                progress_bar=config.run.progress_bar,
@@ -409,6 +409,7 @@ def train(config: RLConfig, *, stop_after: int | None = None,
                 started = time.perf_counter()
                 batch, answers = to_batch(results, pad_id)
                 batch = workers.score(batch, answers)
+                drift = _rollout_drift(batch)
                 # 5. rewards -> advantages (a pure function of the batch)
                 advantages = algorithm.advantages(batch)
                 batch = batch.replace(advantages=advantages.tokens)
@@ -421,7 +422,7 @@ def train(config: RLConfig, *, stop_after: int | None = None,
                 generated = sum(r.stats.generated_tokens for r in results)
                 metrics = {**trajectory_stats(trajectories),
                            "reward": float(batch.outcome.mean()),
-                           **advantages.metrics, **update_metrics,
+                           **advantages.metrics, **update_metrics, **drift,
                            "rollout_s": rollout_seconds, "learner_s": learner_seconds,
                            "tokens_per_s": generated / max(rollout_seconds, 1e-9),
                            "generated_tokens": float(generated),
@@ -449,6 +450,18 @@ def train(config: RLConfig, *, stop_after: int | None = None,
         return result
     finally:
         workers.close()
+
+
+def _rollout_drift(batch: Any) -> dict[str, float]:
+    """|engine log-prob - learner log-prob| on policy tokens: ~0 when the engine runs the
+    learner's current weights (a failed weight sync or a numerics mismatch shows up here)."""
+    if batch.engine_logprobs is None or batch.old_logprobs is None:
+        return {}
+    diff = (batch.engine_logprobs - batch.old_logprobs).abs()[batch.loss_mask]
+    if not len(diff):
+        return {}
+    return {"rollout_logprob_diff_mean": float(diff.mean()),
+            "rollout_logprob_diff_max": float(diff.max())}
 
 
 def _update(workers: Workers, batch: Any, config: RLConfig) -> dict[str, float]:

@@ -39,7 +39,6 @@ import torch.distributed as dist
 
 from trainers.batch import RolloutBatch
 from trainers.information_gain import score_batch
-from trainers.losses import token_logprobs_and_entropy
 from trainers.probes import build_probe_template, build_probes, encode_text
 from trainers.rollout import RolloutStats, SamplingConfig, rollout_group, text_token_counter
 from trainers.tokenization import CHATML_TEMPLATE, ChatTokenizer
@@ -90,11 +89,13 @@ class RolloutWorker:
         threads: torch threads in this process (0 = leave as is).
         search_url: a shared retrieval server (SearchService) to search instead of a local
             index.
+        vllm_options: keyword arguments of trainers.engines.vllm_engine.VLLMEngine.
     """
 
     def __init__(self, policy_path: str, env_kwargs: dict[str, Any], group_size: int,
                  sampling: SamplingConfig, max_context_tokens: int, engine: str = "hf",
-                 threads: int = 0, search_url: str | None = None):
+                 threads: int = 0, search_url: str | None = None,
+                 vllm_options: dict[str, Any] | None = None):
         from envs.group import DeepResearchGroupEnv
 
         if threads:
@@ -107,7 +108,7 @@ class RolloutWorker:
         else:
             from trainers.engines.vllm_engine import VLLMEngine
 
-            self.engine = VLLMEngine(policy_path)
+            self.engine = VLLMEngine(policy_path, **(vllm_options or {}))
         kwargs = {**env_kwargs, "task_split": "train",
                   "token_counter": text_token_counter(self.chat)}
         if search_url:
@@ -138,6 +139,34 @@ class RolloutWorker:
 
     def ping(self) -> str:
         return self.name
+
+
+def policy_token_logprobs(model: Any, batch: RolloutBatch, device: torch.device
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Aligned log-probs and entropies [B, L] at temperature 1, computed on policy tokens
+    only (0 elsewhere).
+
+    The LM head and the softmax run only where loss_mask is True: with a 16K vocabulary the
+    full [B, L, V] logits of a rollout batch are gigabytes, and only ~1 in 4 positions is a
+    policy token. Same numbers as trainers.losses.token_logprobs_and_entropy on those tokens.
+    """
+    input_ids = batch.input_ids.to(device)
+    mask = batch.loss_mask.to(device)
+    if mask[:, 0].any():
+        raise ValueError("a policy token at position 0 has no context to be predicted from")
+    hidden = model.base_model(input_ids=input_ids,
+                              attention_mask=batch.attention_mask.to(device).long()
+                              ).last_hidden_state
+    rows, positions = mask.nonzero(as_tuple=True)
+    logits = model.get_output_embeddings()(hidden[rows, positions - 1]).float()
+    log_probs = torch.log_softmax(logits, dim=-1)
+    chosen = log_probs.gather(-1, input_ids[rows, positions, None]).squeeze(-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    logprob_grid = torch.zeros(input_ids.shape, dtype=chosen.dtype, device=device)
+    entropy_grid = torch.zeros(input_ids.shape, dtype=entropy.dtype, device=device)
+    logprob_grid = logprob_grid.index_put((rows, positions), chosen)
+    entropy_grid = entropy_grid.index_put((rows, positions), entropy)
+    return logprob_grid, entropy_grid
 
 
 class SearchService:
@@ -313,13 +342,10 @@ class Learner:
     # --- internals ----------------------------------------------------------------------
     def _logprobs(self, model: Any, batch: RolloutBatch, grad: bool
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Aligned per-token log-probs and entropies [B, L] at temperature 1."""
-        input_ids = batch.input_ids.to(self.device)
-        attention = batch.attention_mask.to(self.device).long()
         with torch.set_grad_enabled(grad):
-            logits = model(input_ids=input_ids, attention_mask=attention).logits
-            logprobs, entropy = token_logprobs_and_entropy(logits, input_ids)
-        return logprobs.cpu() if not grad else logprobs, entropy
+            logprobs, entropy = policy_token_logprobs(model, batch, self.device)
+        return (logprobs.detach().cpu(), entropy.detach().cpu()) if not grad else \
+            (logprobs, entropy)
 
     def _all_reduce_gradients(self) -> None:
         # A learner with no rows in this mini-batch still joins the all-reduce with zeros.

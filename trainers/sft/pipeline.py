@@ -93,3 +93,38 @@ def build_trajectories(config: SFTExperimentConfig, chat: ChatTokenizer) -> list
 
 def build_samples(config: SFTExperimentConfig, chat: ChatTokenizer) -> list[SFTSample]:
     return samples_from_trajectories(build_trajectories(config, chat), config.data.max_seq_len)
+
+
+def train_sft(config: SFTExperimentConfig, samples: list[SFTSample] | None = None
+              ) -> tuple[PreTrainedModel, Any, list[dict[str, Any]]]:
+    """Build the tokenizer, data and model of `config`, train (in this process or data
+    parallel on Ray when train.num_workers > 1, resuming if train.resume says so) and save
+    the model and tokenizer to `train.output_dir/final`. Returns (model, tokenizer, history).
+    """
+    from trainers.sft.config import config_to_dict
+    from trainers.sft.trainer import SFTTrainer, latest_checkpoint
+
+    output_dir = Path(config.train.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(config.model, config.env_kwargs())
+    if samples is None:
+        samples = build_samples(config, build_chat(tokenizer))
+    model = build_model(config.model, tokenizer)
+    if config.train.num_workers > 1:
+        from trainers.sft.distributed import train_data_parallel
+
+        state = train_data_parallel(config, model, samples, tokenizer.pad_token_id)
+        model.load_state_dict(state["model"])
+        history = state["history"]
+    else:
+        trainer = SFTTrainer(model, samples, config.train, config.data, tokenizer.pad_token_id,
+                             config_record=config_to_dict(config))
+        resume = config.train.resume
+        if resume:
+            trainer.load_checkpoint(latest_checkpoint(output_dir) if resume == "latest"
+                                    else resume)
+        history = trainer.train()
+        trainer.save_checkpoint()
+    model.save_pretrained(output_dir / "final")
+    tokenizer.save_pretrained(output_dir / "final")
+    return model, tokenizer, history
