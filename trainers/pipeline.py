@@ -5,7 +5,7 @@
 
 Each stage writes under the output directory, so every artefact can be inspected or reused:
 
-    world/            the generated world (pages.jsonl, tasks.jsonl)
+    world/            the generated world (corpus.jsonl, tasks.jsonl, world.json)
     sft_data.jsonl    oracle trajectories on the train split (the SFT data)
     sft/final/        the warm-start model and tokenizer (sft/metrics.jsonl: its loss curve)
     rl/               IGPO: metrics.jsonl, samples/, checkpoints, final/ model, eval.json

@@ -1,6 +1,9 @@
 """The `venus-gym` command.
 
-    venus-gym demo                 # oracle agent on a fresh embedded world: episodes + score
+    venus-gym demo                 # the main job: world -> oracle SFT data -> SFT -> IGPO ->
+                                   #   held-out evaluation -> report (needs .[train])
+    venus-gym rl --config FILE     # one RL run (IGPO, GRPO, RLOO, ...) from a YAML config
+    venus-gym oracle               # oracle agent on a fresh embedded world: episodes + score
     venus-gym world build OUT      # generate a world and save it as JSONL (corpus, tasks)
     venus-gym world info PATH      # counts and hop histogram of a saved world or QA JSONL
     venus-gym env-help             # every DeepResearch-v0 argument with its help text
@@ -37,6 +40,36 @@ def _run_oracle_episode(env, task_id: str, seed: int, detour_prob: float = 0.0):
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from trainers.pipeline import main as pipeline_main
+
+    return pipeline_main(["--sft-config", args.sft_config, "--rl-config", args.rl_config,
+                          "--output", args.output])
+
+
+def cmd_rl(args: argparse.Namespace) -> int:
+    from trainers.rl.config import load_rl_config
+    from trainers.rl.driver import train
+    from trainers.rl.report import write_report
+
+    config = load_rl_config(args.config)
+    for value, section, name in ((args.policy, "policy", "path"),
+                                 (args.output, "run", "output_dir"),
+                                 (args.resume, "run", "resume"),
+                                 (args.steps, "run", "steps"),
+                                 (args.algorithm, "algorithm", "name")):
+        if value is not None:
+            setattr(getattr(config, section), name, value)
+    if args.ray:
+        config.run.use_ray = True
+    result = train(config)
+    report = write_report(result.output_dir, metrics_path=result.output_dir / "metrics.jsonl",
+                          before=result.before, after=result.after,
+                          title=f"venus-gym {config.algorithm.name}")
+    print(f"report: {report}")
+    return 0
+
+
+def cmd_oracle(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
     import venus_gym  # noqa: F401  (registers the environments)
@@ -122,14 +155,33 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="run the oracle agent on a fresh embedded world")
+    from trainers.pipeline import DEFAULT_RL_CONFIG, DEFAULT_SFT_CONFIG  # light: paths only
+
+    m = sub.add_parser("demo", help="the main job: world, oracle SFT data, SFT warm start, "
+                                    "IGPO, held-out evaluation and a report (CPU, ~20 min)")
+    m.add_argument("--sft-config", default=DEFAULT_SFT_CONFIG, help="SFT stage YAML")
+    m.add_argument("--rl-config", default=DEFAULT_RL_CONFIG, help="RL stage YAML")
+    m.add_argument("--output", default="runs/demo", help="where every artefact goes")
+    m.set_defaults(func=cmd_demo)
+
+    r = sub.add_parser("rl", help="one RL run from a YAML config (docs/rl.md)")
+    r.add_argument("--config", required=True, help="RL config YAML (trainers.rl.config)")
+    r.add_argument("--policy", help="override policy.path (a model directory)")
+    r.add_argument("--output", help="override run.output_dir")
+    r.add_argument("--resume", help="override run.resume ('latest' or a checkpoint)")
+    r.add_argument("--steps", type=int, help="override run.steps")
+    r.add_argument("--algorithm", help="override algorithm.name (igpo, grpo, rloo, ...)")
+    r.add_argument("--ray", action="store_true", help="set run.use_ray")
+    r.set_defaults(func=cmd_rl)
+
+    d = sub.add_parser("oracle", help="run the oracle agent on a fresh embedded world")
     d.add_argument("--world-size", type=int, default=2000, help="pages in the world")
     d.add_argument("--seed", type=int, default=0, help="world seed")
     d.add_argument("--show", type=int, default=3, help="episodes to print in full")
     d.add_argument("--eval-tasks", type=int, default=200, help="tasks to score")
     d.add_argument("--detour-prob", type=float, default=0.0,
                    help="chance of a dead end per hop in the printed episodes")
-    d.set_defaults(func=cmd_demo)
+    d.set_defaults(func=cmd_oracle)
 
     w = sub.add_parser("world", help="build or inspect worlds")
     wsub = w.add_subparsers(dest="world_command", required=True)

@@ -12,6 +12,7 @@ Where we deviate from DR-Venus and why
 from __future__ import annotations
 
 import functools
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,20 @@ def build_trajectories(config: SFTExperimentConfig, chat: ChatTokenizer) -> list
 
 
 def build_samples(config: SFTExperimentConfig, chat: ChatTokenizer) -> list[SFTSample]:
-    return samples_from_trajectories(build_trajectories(config, chat), config.data.max_seq_len)
+    """Training samples; says how many trajectories lost their policy tokens to truncation
+    and refuses to continue when none is left."""
+    trajectories = build_trajectories(config, chat)
+    samples = samples_from_trajectories(trajectories, config.data.max_seq_len)
+    dropped = len(trajectories) - len(samples)
+    if not samples:
+        raise ValueError(f"no training samples: all {len(trajectories)} trajectories have no "
+                         f"policy token within data.max_seq_len={config.data.max_seq_len} "
+                         f"tokens; raise data.max_seq_len")
+    if dropped:
+        warnings.warn(f"{dropped} of {len(trajectories)} trajectories have no policy token "
+                      f"within data.max_seq_len={config.data.max_seq_len} and are not trained "
+                      f"on", RuntimeWarning, stacklevel=2)
+    return samples
 
 
 def train_sft(config: SFTExperimentConfig, samples: list[SFTSample] | None = None
