@@ -21,22 +21,14 @@ Defaults follow DR-Venus stage 2 (REFERENCE.md section 4) where they make sense 
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from trainers.algorithms import make_algorithm
-from trainers.sft.config import config_to_dict, from_dict
-
-
-def _help(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING
-          ) -> Any:
-    if factory is not dataclasses.MISSING:
-        return field(default_factory=factory, metadata={"help": text})
-    return field(default=default, metadata={"help": text})
+from trainers.sft.config import _help, config_to_dict, from_dict
 
 
 @dataclass

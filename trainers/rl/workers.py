@@ -50,7 +50,11 @@ LEARNER_STATE_FILE = "learner.pt"
 def load_policy(path: str | Path) -> tuple[Any, Any, ChatTokenizer]:
     """(model in train mode, tokenizer, ChatTokenizer with plain ChatML) from a directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
+    # Every worker, learner and evaluator loads the policy; one progress bar per load buries
+    # the run's own output.
+    transformers_logging.disable_progress_bar()
     directory = Path(path)
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"policy.path {str(path)!r} has no config.json; point it at a "

@@ -100,6 +100,9 @@ class TrainConfig:
     num_workers: int = _help("Data-parallel workers (Ray actors, torch.distributed gloo); "
                              "1 = train in this process.", 1)
     threads_per_worker: int = _help("torch intra-op threads per worker (0 = leave as is).", 0)
+    induction_warmup_steps: int = _help("Steps of the random-sequence copy task before SFT "
+                                        "(trainers/sft/warmup.py; lets a tiny model trained "
+                                        "from scratch copy names and urls). 0 = off.", 0)
 
 
 @dataclass

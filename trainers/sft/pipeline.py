@@ -124,6 +124,12 @@ def train_sft(config: SFTExperimentConfig, samples: list[SFTSample] | None = Non
     if samples is None:
         samples = build_samples(config, build_chat(tokenizer))
     model = build_model(config.model, tokenizer)
+    if config.train.induction_warmup_steps and not config.train.resume:
+        from trainers.sft.warmup import induction_warmup
+
+        special = max(tokenizer.all_special_ids or [0])
+        induction_warmup(model, len(tokenizer), steps=config.train.induction_warmup_steps,
+                         low_id=min(special + 1, len(tokenizer) - 1), seed=config.train.seed)
     if config.train.num_workers > 1:
         from trainers.sft.distributed import train_data_parallel
 
