@@ -37,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -88,12 +87,6 @@ def step_jobs(run_seed: int, step: int, queries: int, num_tasks: int) -> list[Ro
 
 
 # --- the workers, in-process or on Ray ---------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _sampling(config: RLConfig) -> SamplingConfig:
     return SamplingConfig(max_turn_tokens=config.rollout.max_turn_tokens,
                           temperature=config.rollout.temperature, top_p=config.rollout.top_p)
@@ -137,15 +130,14 @@ class Workers:
         self._search_url = search_url
         learner_class = ray.remote(num_cpus=config.learner.cpus_per_learner,
                                    num_gpus=config.learner.gpus_per_learner)(Learner)
-        master = f"127.0.0.1:{_free_port()}" if learners > 1 else ""
-        if learners > 1 and config.run.ray_address:
-            master = f"{ray.util.get_node_ip_address()}:{_free_port()}"
-        # All learners are created before any is waited on: init_process_group blocks until
-        # every rank has joined.
         self.learners = [learner_class.remote(config.policy.path, algorithm, rank=rank,
-                                              world_size=learners, master=master,
-                                              **learner_kwargs)
+                                              world_size=learners, **learner_kwargs)
                          for rank in range(learners)]
+        if learners > 1:
+            # Rank 0 hosts the rendezvous, so its node's address is used; every rank joins
+            # at once (init_process_group blocks until all have).
+            master = ray.get(self.learners[0].rendezvous_address.remote())
+            ray.get([learner.join.remote(master) for learner in self.learners])
         self.rollout_workers = [self._new_rollout_worker(search_url)
                                 for _ in range(max(1, config.rollout.num_workers))]
         ray.get([w.ping.remote() for w in self.rollout_workers])
@@ -439,7 +431,8 @@ def train(config: RLConfig, *, stop_after: int | None = None,
                     result.trajectories.append(trajectories)
                 last = step + 1 == config.run.steps
                 if (config.run.save_every and (step + 1) % config.run.save_every == 0) or last:
-                    _save_checkpoint(workers, output_dir, step + 1, result.before)
+                    _save_checkpoint(workers, output_dir, step + 1, result.before,
+                                     config.rollout.queries_per_step)
         if end == config.run.steps:
             eval_engine.load(weights)
             result.after = eval_engine.evaluate(evaluate_engine, chat)
@@ -485,11 +478,13 @@ def _update(workers: Workers, batch: Any, config: RLConfig) -> dict[str, float]:
 
 
 def _save_checkpoint(workers: Workers, output_dir: Path, step: int,
-                     before: dict[str, float]) -> Path:
+                     before: dict[str, float], queries_per_step: int) -> Path:
     directory = checkpoint_dir(output_dir, step)
     workers.save(directory)
     # The driver state is written last: a checkpoint without it is incomplete and ignored.
-    (directory / DRIVER_STATE_FILE).write_text(dumps_json({"step": step, "before": before}))
+    # The data position is implied by the step (step_jobs); it is written for inspection.
+    (directory / DRIVER_STATE_FILE).write_text(dumps_json(
+        {"step": step, "data_position": step * queries_per_step, "before": before}))
     return directory
 
 

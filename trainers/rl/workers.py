@@ -220,8 +220,9 @@ class Learner:
         algorithm: a trainers.algorithms.Algorithm.
         lr, betas, weight_decay, grad_clip, warmup_steps: AdamW settings.
         micro_batch_size: trajectories per forward/backward.
-        rank, world_size, master: torch.distributed rank, size and "host:port" (size 1 =
-            no process group).
+        rank, world_size: torch.distributed rank and size (size 1 = no process group).
+        master: "host:port" of the rendezvous; "" = call `join` later (the driver asks rank
+            0 for `rendezvous_address()` first, so multi-node clusters work).
         backend: "gloo" or "nccl".
         threads: torch threads (0 = leave as is).
         seed: seeds python / numpy / torch in this process.
@@ -235,10 +236,9 @@ class Learner:
         if threads:
             torch.set_num_threads(threads)
         _seed_everything(seed)
-        self.rank, self.world_size = rank, world_size
-        if world_size > 1:
-            dist.init_process_group(backend, init_method=f"tcp://{master}", rank=rank,
-                                    world_size=world_size)
+        self.rank, self.world_size, self.backend = rank, world_size, backend
+        if world_size > 1 and master:
+            self.join(master)
         self.device = torch.device(f"cuda:{torch.cuda.current_device()}"
                                    if backend == "nccl" else "cpu")
         model, self.tokenizer, self.chat = load_policy(policy_path)
@@ -264,6 +264,28 @@ class Learner:
                 + encode_text(self.tokenizer, "<think>\n"), eos_token_id=self.chat.end_of_turn_id)
 
     # --- verbs ----------------------------------------------------------------------
+    def rendezvous_address(self) -> str:
+        """"host:port" on this learner's node for torch.distributed's TCP store (rank 0
+        hosts it, so the address must be rank 0's node, not the driver's)."""
+        import socket
+
+        host = "127.0.0.1"
+        try:
+            import ray
+
+            if ray.is_initialized():
+                host = ray.util.get_node_ip_address()
+        except ImportError:
+            pass
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            return f"{host}:{sock.getsockname()[1]}"
+
+    def join(self, master: str) -> None:
+        """Join the process group (blocks until every rank has joined)."""
+        dist.init_process_group(self.backend, init_method=f"tcp://{master}", rank=self.rank,
+                                world_size=self.world_size)
+
     def score(self, batch: RolloutBatch, answers: list[list[str]]) -> dict[str, torch.Tensor]:
         """old_logprobs, ref_logprobs (if KL) and boundary_scores (if the algorithm probes)
         for every row of `batch` (the driver gives each learner a slice of rows)."""
@@ -324,6 +346,10 @@ class Learner:
             return
         state = {"model": self.weights(), "optimizer": self.optimizer.state_dict(),
                  "updates": self.updates,
+                 # Nothing in the update samples today; kept so a stochastic plug-in
+                 # (dropout, sampled mini-batches) resumes exactly too.
+                 "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                         "torch": torch.get_rng_state()},
                  "reference": None if self.reference is None else {
                      k: v.detach().cpu() for k, v in self.reference.state_dict().items()}}
         Path(directory).mkdir(parents=True, exist_ok=True)
@@ -337,6 +363,9 @@ class Learner:
         if self.reference is not None and state["reference"] is not None:
             self.reference.load_state_dict(state["reference"])
         self.updates = int(state["updates"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+        torch.set_rng_state(state["rng"]["torch"].cpu())
         return self.updates
 
     def close(self) -> None:
