@@ -138,6 +138,12 @@ class RolloutBatch:
         """A copy with some fields replaced (validated again)."""
         return dataclasses.replace(self, **changes)
 
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The batch with every tensor on `device`."""
+        return dataclasses.replace(self, **{
+            item.name: getattr(self, item.name).to(device)
+            for item in dataclasses.fields(self) if getattr(self, item.name) is not None})
+
     def select(self, rows: Sequence[int]) -> RolloutBatch:
         """The sub-batch of `rows` (in that order), trimmed to its own longest row and most
         turns (so a micro-batch of short trajectories does not pay for a long one)."""

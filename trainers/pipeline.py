@@ -12,8 +12,9 @@ Each stage writes under the output directory, so every artefact can be inspected
     report.md         accuracy before / after RL on held-out tasks, format errors, browse
                       ratio of correct vs wrong trajectories; curves.png; report.json
 
-The RL config's `policy.path` and the environment settings are filled in from the SFT stage
-(same world, hops and search width), so the two configs cannot disagree.
+The RL config's `policy.path` and the world settings (world size and seed, hops, search
+width) are filled in from the SFT stage, so the RL policy plays the world it was trained
+on; turn and context budgets stay the RL config's own.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def run_pipeline(sft_config: Any, rl_config: Any, output_dir: str | Path,
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
     sft_config = dataclasses.replace(sft_config)
+    rl_config = dataclasses.replace(rl_config)
     seconds: dict[str, float] = {}
     if sft_config.train.threads_per_worker:
         torch.set_num_threads(sft_config.train.threads_per_worker)
@@ -146,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for path in (args.sft_config, args.rl_config):
         if not Path(path).is_file():
-            parser.error(f"config file {path!r} not found (run from the repository root or "
-                         f"pass --sft-config / --rl-config)")
+            parser.error(f"config file {path!r} not found (the defaults live in the "
+                         f"repository's examples/configs; with a non-editable install pass "
+                         f"--sft-config / --rl-config)")
     run_pipeline(load_config(args.sft_config), load_rl_config(args.rl_config), args.output)
     return 0

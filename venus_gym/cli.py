@@ -55,10 +55,15 @@ def cmd_rl(args: argparse.Namespace) -> int:
     for value, section, name in ((args.policy, "policy", "path"),
                                  (args.output, "run", "output_dir"),
                                  (args.resume, "run", "resume"),
-                                 (args.steps, "run", "steps"),
-                                 (args.algorithm, "algorithm", "name")):
+                                 (args.steps, "run", "steps")):
         if value is not None:
             setattr(getattr(config, section), name, value)
+    if args.algorithm and args.algorithm != config.algorithm.name:
+        # Another algorithm's options (IGPO's gamma, reward, ...) do not apply; the policy
+        # loss settings do.
+        config.algorithm.name = args.algorithm
+        config.algorithm.options = {key: value for key, value in config.algorithm.options.items()
+                                    if key == "loss"}
     if args.ray:
         config.run.use_ray = True
     result = train(config)
@@ -170,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", help="override run.output_dir")
     r.add_argument("--resume", help="override run.resume ('latest' or a checkpoint)")
     r.add_argument("--steps", type=int, help="override run.steps")
-    r.add_argument("--algorithm", help="override algorithm.name (igpo, grpo, rloo, ...)")
+    r.add_argument("--algorithm", help="override algorithm.name (igpo, grpo, rloo, ...); "
+                                       "only the config's loss options are kept")
     r.add_argument("--ray", action="store_true", help="set run.use_ray")
     r.set_defaults(func=cmd_rl)
 

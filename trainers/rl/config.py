@@ -78,7 +78,7 @@ class RolloutConfig:
     temperature: float = _help("Sampling temperature.", 1.0)
     top_p: float = _help("Nucleus sampling (1.0 = off; see the module docstring).", 1.0)
     num_workers: int = _help("Rollout workers (Ray actors); 0 = roll out in the driver "
-                             "process.", 0)
+                             "process (in-process runs) or one actor (Ray).", 0)
     max_worker_restarts: int = _help("Replacement workers started when rollout workers "
                                      "die, per run.", 4)
     vllm_options: dict[str, Any] = _help("Arguments for vllm.LLM when engine is 'vllm' "
@@ -110,7 +110,8 @@ class LearnerConfig:
     """Optimisation and the learner processes."""
 
     lr: float = _help("AdamW learning rate (constant after warm-up).", 1e-6)
-    warmup_steps: int = _help("Linear warm-up steps.", 0)
+    warmup_steps: int = _help("Linear warm-up, in optimizer updates (ppo_epochs x "
+                              "mini_batches per RL step).", 0)
     betas: tuple[float, float] = _help("AdamW betas.", (0.9, 0.999))
     weight_decay: float = _help("AdamW weight decay.", 0.0)
     grad_clip: float = _help("Max global gradient norm (0 = off).", 1.0)

@@ -50,6 +50,7 @@ from trainers.batch import collate, record_from_trajectory
 from trainers.rl.config import RLConfig, rl_config_to_dict
 from trainers.rl.metrics import dumps_json
 from trainers.rl.workers import (
+    EXTREME_METRICS,
     LEARNER_STATE_FILE,
     Learner,
     LossTotals,
@@ -58,6 +59,7 @@ from trainers.rl.workers import (
     RolloutWorker,
     SearchService,
     load_policy,
+    policy_rows,
 )
 from trainers.rollout import SamplingConfig, text_token_counter
 from trainers.trajectory import Trajectory
@@ -103,15 +105,16 @@ class Workers:
         self.search = None
         threads = config.policy.threads
         learners = config.learner.num_learners
-        backend = config.learner.backend
-        if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        # In-process the learner may use this machine's GPU; a Ray learner only the GPUs it
+        # reserves (gpus_per_learner), decided inside the actor.
+        use_gpu = config.learner.gpus_per_learner > 0 if self.use_ray else True
         learner_kwargs = dict(lr=config.learner.lr, betas=tuple(config.learner.betas),
                               weight_decay=config.learner.weight_decay,
                               grad_clip=config.learner.grad_clip,
                               warmup_steps=config.learner.warmup_steps,
                               micro_batch_size=config.learner.micro_batch_size,
-                              backend=backend, threads=threads, seed=config.run.seed)
+                              backend=config.learner.backend, use_gpu=use_gpu,
+                              threads=threads, seed=config.run.seed)
         if not self.use_ray:
             self.learners = [Learner(config.policy.path, algorithm, **learner_kwargs)]
             self.rollout_workers = [self._new_rollout_worker(None)]
@@ -140,7 +143,9 @@ class Workers:
             ray.get([learner.join.remote(master) for learner in self.learners])
         self.rollout_workers = [self._new_rollout_worker(search_url)
                                 for _ in range(max(1, config.rollout.num_workers))]
-        ray.get([w.ping.remote() for w in self.rollout_workers])
+        # Names (pids) of the live workers, for logs and for tests that kill one.
+        self.worker_names = dict(zip(self.rollout_workers,
+                                     ray.get([w.ping.remote() for w in self.rollout_workers])))
 
     def _new_rollout_worker(self, search_url: str | None) -> Any:
         config = self.config
@@ -234,7 +239,11 @@ class Workers:
         merged: dict[str, float] = {}
         for output in outputs:
             for key, value in output.items():
-                merged[key] = merged.get(key, 0.0) + value
+                if key in EXTREME_METRICS:
+                    pick = min if key.endswith("_min") else max
+                    merged[key] = pick(merged.get(key, value), value)
+                else:
+                    merged[key] = merged.get(key, 0.0) + value
         return merged
 
     def sync_weights(self, version: int) -> dict[str, torch.Tensor]:
@@ -259,15 +268,24 @@ class Workers:
 
     def _replace_dead_worker(self, worker: Any) -> Any:
         """Drop a dead rollout worker; start a replacement with the current weights while
-        restarts are left. Returns the replacement (or None)."""
+        restarts are left (a replacement that fails to start uses up a restart too).
+        Returns the replacement (or None)."""
         import ray
+        from ray.exceptions import RayError
 
         self.rollout_workers.remove(worker)
+        ray.kill(worker)  # an unreachable (not dead) worker would keep its resources
         replacement = None
-        if self.restarts < self.config.rollout.max_worker_restarts:
+        while replacement is None and self.restarts < self.config.rollout.max_worker_restarts:
             self.restarts += 1
-            replacement = self._new_rollout_worker(self._search_url)
-            ray.get(replacement.set_weights.remote(self._weights_ref, self._version))
+            candidate = self._new_rollout_worker(self._search_url)
+            try:
+                ray.get(candidate.set_weights.remote(self._weights_ref, self._version))
+                self.worker_names[candidate] = ray.get(candidate.ping.remote())
+                replacement = candidate
+            except RayError:
+                ray.kill(candidate)
+        if replacement is not None:
             self.rollout_workers.append(replacement)
         if not self.rollout_workers:
             raise RuntimeError("every rollout worker died and no restarts are left "
@@ -286,13 +304,18 @@ class Workers:
         return [getattr(learner, verb)(*args) for learner in self.learners]
 
     def close(self) -> None:
-        self._on_learners("close")
-        if self.use_ray:
-            import ray
+        """Release everything, even when a learner already died."""
+        try:
+            self._on_learners("close")
+        finally:
+            if self.use_ray:
+                import ray
 
-            for actor in [*self.learners, *self.rollout_workers,
-                          *([self.search] if self.search else [])]:
-                ray.kill(actor)
+                for actor in [*self.learners, *self.rollout_workers,
+                              *([self.search] if self.search else [])]:
+                    ray.kill(actor)
+            else:
+                self.rollout_workers[0].group_env.close()
 
 
 def _get(refs: Any) -> Any:
@@ -412,9 +435,9 @@ def train(config: RLConfig, *, stop_after: int | None = None,
                 weights = workers.sync_weights(step + 1)
                 # 8. metrics, samples, checkpoint
                 generated = sum(r.stats.generated_tokens for r in results)
-                metrics = {**trajectory_stats(trajectories),
+                metrics = {**update_metrics, **trajectory_stats(trajectories),
                            "reward": float(batch.outcome.mean()),
-                           **advantages.metrics, **update_metrics, **drift,
+                           **advantages.metrics, **drift,
                            "rollout_s": rollout_seconds, "learner_s": learner_seconds,
                            "tokens_per_s": generated / max(rollout_seconds, 1e-9),
                            "generated_tokens": float(generated),
@@ -470,7 +493,7 @@ def _update(workers: Workers, batch: Any, config: RLConfig) -> dict[str, float]:
         for rows in chunks:
             mini = batch.select(rows)
             step_metrics = workers.update(mini, LossTotals(tokens=int(mini.loss_mask.sum()),
-                                                           sequences=mini.batch_size))
+                                                           sequences=policy_rows(mini)))
             for key, value in step_metrics.items():
                 totals[key] = totals.get(key, 0.0) + value
             count += 1
@@ -480,6 +503,9 @@ def _update(workers: Workers, batch: Any, config: RLConfig) -> dict[str, float]:
 def _save_checkpoint(workers: Workers, output_dir: Path, step: int,
                      before: dict[str, float], queries_per_step: int) -> Path:
     directory = checkpoint_dir(output_dir, step)
+    # Learner rank 0 writes learner.pt here: on several nodes output_dir must be shared
+    # storage (docs/rl.md).
+    directory.mkdir(parents=True, exist_ok=True)
     workers.save(directory)
     # The driver state is written last: a checkpoint without it is incomplete and ignored.
     # The data position is implied by the step (step_jobs); it is written for inspection.

@@ -197,13 +197,29 @@ class SearchService:
         self._server.server_close()
 
 
+EXTREME_METRICS = ("ratio_min", "ratio_max")
+BATCH_METRIC_KEYS = ("format_error_rate", "format_error_rate_final")
+
+
+def policy_rows(batch: RolloutBatch) -> int:
+    """Trajectories with at least one policy token (what seq-mean averages over)."""
+    return int((batch.loss_mask.sum(dim=1) > 0).sum())
+
+
+def loss_share(micro: RolloutBatch, totals: LossTotals, aggregation: str) -> float:
+    """This micro-batch's share of the mini-batch's loss units (see LossTotals)."""
+    if aggregation == "token-mean":
+        return int(micro.loss_mask.sum()) / max(1, totals.tokens)
+    return policy_rows(micro) / max(1, totals.sequences)
+
+
 @dataclass
 class LossTotals:
     """Global loss units of one mini-batch (over all learners): each learner scales its
     loss by its own units / these, so summed gradients equal the one-learner gradient."""
 
-    tokens: int
-    sequences: int
+    tokens: int  # policy tokens (token-mean)
+    sequences: int  # trajectories with at least one policy token (seq-mean)
 
 
 def _seed_everything(seed: int) -> None:
@@ -223,7 +239,8 @@ class Learner:
         rank, world_size: torch.distributed rank and size (size 1 = no process group).
         master: "host:port" of the rendezvous; "" = call `join` later (the driver asks rank
             0 for `rendezvous_address()` first, so multi-node clusters work).
-        backend: "gloo" or "nccl".
+        backend: "gloo", "nccl" or "auto" (nccl on a GPU, else gloo).
+        use_gpu: train on CUDA when this process sees a GPU.
         threads: torch threads (0 = leave as is).
         seed: seeds python / numpy / torch in this process.
     """
@@ -231,16 +248,20 @@ class Learner:
     def __init__(self, policy_path: str, algorithm: Any, *, lr: float,
                  betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0,
                  grad_clip: float = 1.0, warmup_steps: int = 0, micro_batch_size: int = 4,
-                 rank: int = 0, world_size: int = 1, master: str = "", backend: str = "gloo",
-                 threads: int = 0, seed: int = 0):
+                 rank: int = 0, world_size: int = 1, master: str = "", backend: str = "auto",
+                 use_gpu: bool = True, threads: int = 0, seed: int = 0):
         if threads:
             torch.set_num_threads(threads)
         _seed_everything(seed)
         self.rank, self.world_size, self.backend = rank, world_size, backend
+        # The device follows the learner's own resources (a Ray actor sees only the GPUs it
+        # reserved), not the driver's: CUDA when this process has one, else CPU.
+        self.device = torch.device(f"cuda:{torch.cuda.current_device()}"
+                                   if use_gpu and torch.cuda.is_available() else "cpu")
+        if self.backend == "auto":
+            self.backend = "nccl" if self.device.type == "cuda" else "gloo"
         if world_size > 1 and master:
             self.join(master)
-        self.device = torch.device(f"cuda:{torch.cuda.current_device()}"
-                                   if backend == "nccl" else "cpu")
         model, self.tokenizer, self.chat = load_policy(policy_path)
         self.model = model.to(self.device)
         self.algorithm = algorithm
@@ -298,6 +319,7 @@ class Learner:
                 out["boundary_scores"] = scored.boundary_scores
                 out["old_logprobs"] = scored.old_logprobs
             else:
+                self.model.eval()  # as score_batch does: no dropout in the behaviour log-probs
                 out["old_logprobs"] = self._logprobs(self.model, batch, grad=False)[0]
             if self.reference is not None:
                 out["ref_logprobs"] = self._logprobs(self.reference, batch, grad=False)[0]
@@ -314,17 +336,20 @@ class Learner:
         for start in range(0, batch.batch_size if batch is not None else 0,
                            self.micro_batch_size):
             micro = batch.select(range(start, min(start + self.micro_batch_size,
-                                                  batch.batch_size)))
+                                                  batch.batch_size))).to(self.device)
             logprobs, entropy = self._logprobs(self.model, micro, grad=True)
             loss, micro_metrics = self.algorithm.loss(micro, logprobs, entropy)
-            share = (int(micro.loss_mask.sum()) / max(1, totals.tokens)
-                     if self.aggregation == "token-mean"
-                     else micro.batch_size / max(1, totals.sequences))
+            share = loss_share(micro, totals, self.aggregation)
             (loss * share).backward()
-            # Each metric is weighted by this micro-batch's share of the global loss units;
-            # the driver sums over learners, which gives the batch-weighted mean.
+            # Loss diagnostics are weighted by this micro-batch's share of the global loss
+            # units (the driver sums over learners: the batch-weighted mean); extremes are
+            # merged as extremes. Batch statistics (format errors, IG) come from the driver.
             for key, value in micro_metrics.items():
-                metrics[key] = metrics.get(key, 0.0) + float(value) * share
+                if key in EXTREME_METRICS:
+                    pick = min if key.endswith("_min") else max
+                    metrics[key] = pick(metrics.get(key, float(value)), float(value))
+                elif key not in BATCH_METRIC_KEYS and not key.startswith("ig/"):
+                    metrics[key] = metrics.get(key, 0.0) + float(value) * share
         if self.world_size > 1:
             self._all_reduce_gradients()
         grad_norm = torch.nn.utils.clip_grad_norm_(
