@@ -59,6 +59,7 @@ from trainers.rl.workers import (
     RolloutWorker,
     SearchService,
     load_policy,
+    load_tokenizer,
     policy_rows,
 )
 from trainers.rollout import SamplingConfig, text_token_counter
@@ -381,7 +382,7 @@ def train(config: RLConfig, *, stop_after: int | None = None,
     if config.policy.threads:
         torch.set_num_threads(config.policy.threads)
     algorithm = config.algorithm.build()
-    _, tokenizer, chat = load_policy(config.policy.path)
+    tokenizer, chat = load_tokenizer(config.policy.path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     workers = Workers(config, algorithm)
     result = RunResult(output_dir=output_dir)
