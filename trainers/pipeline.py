@@ -56,6 +56,7 @@ def run_pipeline(sft_config: Any, rl_config: Any, output_dir: str | Path,
     )
     from trainers.rl.driver import train as train_rl
     from trainers.rl.report import write_report
+    from trainers.sft.config import config_to_dict
     from trainers.sft.pipeline import MIXTURES, train_sft
     from trainers.trajectory import write_trajectories
     from venus_gym.worlds import load_world
@@ -109,19 +110,13 @@ def run_pipeline(sft_config: Any, rl_config: Any, output_dir: str | Path,
     started = _stage(5, 5, "report")
     report = write_report(output, metrics_path=output / "rl" / "metrics.jsonl",
                           before=result.before, after=result.after,
-                          config={"sft": _plain(sft_config), "rl": _plain(rl_config),
+                          config={"sft": config_to_dict(sft_config), "rl": config_to_dict(rl_config),
                                   "seconds": seconds},
                           title=f"venus-gym demo: SFT -> {rl_config.algorithm.name}")
     seconds["report"] = time.perf_counter() - started
     if log:
         _print_summary(result.before, result.after, report, seconds)
     return PipelineResult(report, result.before, result.after, seconds)
-
-
-def _plain(config: Any) -> dict[str, Any]:
-    from trainers.sft.config import config_to_dict
-
-    return config_to_dict(config)
 
 
 def _print_summary(before: dict[str, float], after: dict[str, float], report: Path,
