@@ -78,7 +78,7 @@ def main() -> None:
                  "max_seq_len": args.max_sample_length},
         "train": {"lr": 1e-3, "epochs": 1, "progress_bar": False, "log_every": 10 ** 9},
         "env": {"world_size": 2000, "hops": [1, 2], "search_top_k": 3}})
-    tokenizer = build_tokenizer(config.model, config.env_kwargs())
+    tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
     samples = build_samples(config, build_chat(tokenizer))
     config.data.max_seq_len = args.row_length
     print(f"{len(samples)} samples, {sum(map(len, samples))} tokens, rows of "

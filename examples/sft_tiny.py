@@ -47,7 +47,7 @@ def train_and_evaluate(config: SFTExperimentConfig, evaluate_untrained: bool = F
     output_dir = Path(config.train.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    tokenizer = build_tokenizer(config.model, config.env_kwargs())
+    tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
     chat = build_chat(tokenizer)
     samples = build_samples(config, chat)
     print(f"data: {len(samples)} samples, {sum(map(len, samples))} tokens "
@@ -78,7 +78,7 @@ def evaluate_checkpoint(config: SFTExperimentConfig, checkpoint: str) -> dict[st
     """Evaluate the model weights of a saved training checkpoint (no training)."""
     if config.train.threads_per_worker:
         torch.set_num_threads(config.train.threads_per_worker)
-    tokenizer = build_tokenizer(config.model, config.env_kwargs())
+    tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
     chat = build_chat(tokenizer)
     model = build_model(config.model, tokenizer)
     state = torch.load(Path(checkpoint) / STATE_FILE, map_location="cpu", weights_only=False)

@@ -40,6 +40,23 @@ def test_deterministic_given_seed():
     assert [t.messages for t in other] != [t.messages for t in first]
 
 
+def test_world_seeds_spread_episodes_over_other_worlds():
+    """With world_seeds the episodes come from those worlds' train splits, split evenly and
+    in order, and none from the evaluation world of env_kwargs."""
+    config = OracleDataConfig(num_episodes=7, seed=0, env_kwargs=ENV, mixture=SHORT_MIXTURE,
+                              world_seeds=(5, 6))
+    trajectories = generate_oracle_trajectories(config)
+    worlds = [t.task_id.split("-")[1] for t in trajectories]  # ids are venus-s<seed>-...
+    assert worlds == ["s5"] * 3 + ["s6"] * 4
+    for seed in (5, 6):
+        train_ids = {task.id for task in make_train_env({**ENV, "world_seed": seed})
+                     .unwrapped.tasks}
+        assert all(t.task_id in train_ids for t in trajectories
+                   if t.task_id.startswith(f"venus-s{seed}-"))
+    assert [t.to_json() for t in generate_oracle_trajectories(config)] == \
+        [t.to_json() for t in trajectories]
+
+
 def test_only_train_tasks_and_correct(long_tail_data):
     train_ids = {task.id for task in make_train_env(ENV).unwrapped.tasks}
     train_env = make_train_env(ENV).unwrapped

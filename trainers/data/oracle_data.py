@@ -80,13 +80,19 @@ PLAIN_MIXTURE: tuple[OracleMixture, ...] = (OracleMixture(weight=1.0, style="pla
 @dataclass
 class OracleDataConfig:
     """What to generate. env_kwargs go to gym.make("DeepResearch-v0", ...) (task_split is
-    forced to "train")."""
+    forced to "train").
+
+    world_seeds: play in these synthetic worlds instead of env_kwargs' own (the episodes are
+    split evenly over them, in order). Training on worlds other than the evaluation world
+    means no held-out entity was ever seen: a model can only answer by reading.
+    """
 
     num_episodes: int = 200
     seed: int = 0
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     mixture: Sequence[OracleMixture] = DEFAULT_MIXTURE
     keep_only_correct: bool = True
+    world_seeds: Sequence[int] = ()
 
 
 def make_train_env(env_kwargs: dict[str, Any] | None = None) -> gym.Env:
@@ -139,18 +145,33 @@ def generate_oracle_trajectories(config: OracleDataConfig) -> list[Trajectory]:
     task is used before any repeats; each episode draws its mixture component and agent seed
     from one seeded RNG, so the output is a pure function of the config. With
     keep_only_correct, unsolved episodes are dropped (fewer than num_episodes may return).
+    With world_seeds, world k of n plays episodes k * N / n .. (k + 1) * N / n - 1.
     """
     if not config.mixture:
         raise ValueError("the oracle mixture is empty")
-    env = make_train_env(config.env_kwargs)
     rng = random.Random(f"oracle-data:{config.seed}")
+    seeds = list(config.world_seeds) or [None]
+    trajectories: list[Trajectory] = []
+    for k, world_seed in enumerate(seeds):
+        env_kwargs = dict(config.env_kwargs)
+        if world_seed is not None:
+            env_kwargs["world_seed"] = world_seed
+        first = k * config.num_episodes // len(seeds)
+        last = (k + 1) * config.num_episodes // len(seeds)
+        trajectories += _episodes_in_world(config, env_kwargs, range(first, last), rng)
+    return trajectories
+
+
+def _episodes_in_world(config: OracleDataConfig, env_kwargs: dict[str, Any],
+                       episodes: range, rng: random.Random) -> list[Trajectory]:
+    env = make_train_env(env_kwargs)
     task_count = len(env.unwrapped.tasks)
     if task_count == 0:
         raise ValueError("the train split has no tasks for these env settings")
     weights = [component.weight for component in config.mixture]
     order: list[int] = []
     trajectories = []
-    for episode in range(config.num_episodes):
+    for episode in episodes:
         if not order:
             order = list(range(task_count))
             rng.shuffle(order)
@@ -187,7 +208,7 @@ def tokenize_trajectories(trajectories: Iterable[Trajectory], chat: ChatTokenize
 def world_texts(env_kwargs: dict[str, Any] | None = None) -> list[str]:
     """Texts to train a world-specific tokenizer on: the system prompt, every page (title and
     text) and every question of the world (all splits: a tokenizer sees no answers it could
-    leak, and held-out entity names then tokenise as compactly as seen ones)."""
+    leak)."""
     env = make_train_env(env_kwargs)
     world = env.unwrapped.world
     texts = [env.unwrapped.system_prompt]

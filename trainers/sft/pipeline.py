@@ -37,16 +37,21 @@ MIXTURES = {"default": DEFAULT_MIXTURE, "short": SHORT_MIXTURE, "plain": PLAIN_M
 
 
 @functools.lru_cache(maxsize=4)
-def _world_tokenizer(vocab_size: int, env_items: tuple[tuple[str, Any], ...]) -> Any:
-    return build_chatml_tokenizer(world_texts(dict(env_items)), vocab_size=vocab_size)
+def _world_tokenizer(vocab_size: int, world_size: int, world_seeds: tuple[int, ...]) -> Any:
+    texts = [text for seed in world_seeds
+             for text in world_texts({"world_size": world_size, "world_seed": seed})]
+    return build_chatml_tokenizer(texts, vocab_size=vocab_size)
 
 
-def build_tokenizer(model_config: ModelConfig, env_kwargs: dict[str, Any]) -> Any:
-    """The run's tokenizer (see ModelConfig.tokenizer); a world tokenizer is cached per
-    (vocab size, world settings) within the process."""
+def build_tokenizer(model_config: ModelConfig, env_kwargs: dict[str, Any],
+                    world_seeds: tuple[int, ...] = ()) -> Any:
+    """The run's tokenizer (see ModelConfig.tokenizer). A world tokenizer is trained on the
+    worlds `world_seeds` (the training data's; empty = env_kwargs' world) and cached per
+    (vocab size, worlds) within the process."""
     if model_config.tokenizer == "world":
-        world_only = {k: env_kwargs[k] for k in ("world_size", "world_seed") if k in env_kwargs}
-        return _world_tokenizer(model_config.vocab_size, tuple(sorted(world_only.items())))
+        seeds = tuple(world_seeds) or (env_kwargs.get("world_seed", 0),)
+        return _world_tokenizer(model_config.vocab_size, env_kwargs.get("world_size", 2000),
+                                seeds)
     if model_config.tokenizer == "model":
         if model_config.name == "smollm2":
             return load_smollm2(tokenizer_only=True)[0]
@@ -88,7 +93,8 @@ def build_trajectories(config: SFTExperimentConfig, chat: ChatTokenizer) -> list
             raise ValueError(f"data.mixture must be one of {sorted(MIXTURES)}")
         trajectories = generate_oracle_trajectories(OracleDataConfig(
             num_episodes=config.data.num_episodes, seed=config.data.seed,
-            env_kwargs=config.env_kwargs(), mixture=MIXTURES[config.data.mixture]))
+            env_kwargs=config.env_kwargs(), mixture=MIXTURES[config.data.mixture],
+            world_seeds=tuple(config.data.world_seeds)))
     return tokenize_trajectories(trajectories, chat)
 
 
@@ -120,7 +126,7 @@ def train_sft(config: SFTExperimentConfig, samples: list[SFTSample] | None = Non
 
     output_dir = Path(config.train.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(config.model, config.env_kwargs())
+    tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
     if samples is None:
         samples = build_samples(config, build_chat(tokenizer))
     model = build_model(config.model, tokenizer)
