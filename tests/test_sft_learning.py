@@ -36,7 +36,7 @@ def test_tiny_model_learns_the_turn_format(tmp_path):
     torch.manual_seed(0)
     config = from_dict(SFTExperimentConfig, {**CONFIG, "train": {
         **CONFIG["train"], "output_dir": str(tmp_path)}})
-    tokenizer = build_tokenizer(config.model, config.env_kwargs())
+    tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
     chat = build_chat(tokenizer)
     samples = build_samples(config, chat)
     model = build_model(config.model, tokenizer)
@@ -52,27 +52,28 @@ def test_tiny_model_learns_the_turn_format(tmp_path):
     assert trained >= FIRST_TURN_VALID_THRESHOLD
 
 
-def test_induction_warmup_teaches_a_tiny_model_to_copy_unseen_sequences():
-    """After the warm-up the model predicts the second copy of a random sequence it never
-    saw (fresh seed) far better than chance, and far better than before the warm-up."""
+def test_induction_warmup_teaches_a_tiny_model_to_copy_from_anywhere_in_its_context():
+    """After the warm-up the model copies chunks of an unseen random sequence that come back
+    in a shuffled order (so no fixed offset works: it must find the earlier occurrence of
+    the current token) far better than chance and than before the warm-up."""
     from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
-    from trainers.sft.warmup import induction_warmup
+    from trainers.sft.warmup import copy_task_batch, copy_task_loss, induction_warmup
 
     tokenizer = build_chatml_tokenizer(["alpha beta gamma delta"] * 20, vocab_size=300)
     model = build_tiny_causal_lm(tokenizer, hidden=64, layers=2, heads=2, seed=0)
     vocab = len(tokenizer)
+    ids, targets = copy_task_batch(vocab, 8, 32, chunk=4, seed=123, low_id=5)
+    # The second half repeats the first in another order, chunk by chunk.
+    assert sorted(ids[0, 32:].tolist()) == sorted(ids[0, :32].tolist())
+    assert ids[0, 32:].tolist() != ids[0, :32].tolist()
 
     def copy_loss() -> float:
-        half = torch.randint(5, vocab, (8, 24), generator=torch.Generator().manual_seed(123))
-        ids = torch.cat([half, half], dim=1)
         with torch.no_grad():
-            logits = model(input_ids=ids).logits[:, 23:-1]
-        return float(torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), ids[:, 24:].reshape(-1)))
+            return float(copy_task_loss(model, ids, targets))
 
     before = copy_loss()
-    result = induction_warmup(model, vocab, steps=250, half_length=24, batch_size=16,
-                              lr=3e-3, low_id=5, seed=0, log=None)
+    result = induction_warmup(model, vocab, steps=1000, half_length=32, chunk=4,
+                              batch_size=16, lr=3e-3, low_id=5, seed=0, log=None)
     after = copy_loss()
     chance = torch.log(torch.tensor(float(vocab - 5))).item()
     assert before > 0.8 * chance  # random init: no better than guessing

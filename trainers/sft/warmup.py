@@ -8,9 +8,11 @@ thousand SFT trajectories does not form them: in our runs it learned the turn fo
 (88-100% valid turns) but its loss on an entity name stayed at ~5 nats even on the name's
 third occurrence in the same turn, and it answered 0% of held-out tasks (docs/sft.md).
 
-The warm-up trains on sequences `x ++ x` of random token ids, with the loss on the second
-half only. Induction heads appear after ~200 steps (the second-half loss falls from ~9 to
-~0.03 nats on the 10K-token world vocabulary), and SFT then starts from a model that copies.
+The warm-up trains on sequences `x ++ y` of random token ids, y being x's chunks in a
+shuffled order, with the loss on the copyable tokens of y (`copy_task_batch`). The shuffle
+matters: a plain `x ++ x` is solved by attending a fixed distance back, which teaches
+nothing about copying from a question or a search result (our first version did that, and
+SFT erased it within 200 steps).
 The data is random: it carries no knowledge of the world, its tasks or the protocol, so the
 model is still trained from scratch on the task.
 
@@ -34,27 +36,30 @@ class WarmupResult:
 
 
 def induction_warmup(model: torch.nn.Module, vocab_size: int, *, steps: int,
-                     half_length: int = 64, batch_size: int = 16, lr: float = 2e-3,
-                     low_id: int = 0, seed: int = 0,
-                     log: Callable[[str], None] | None = print, log_every: int = 50
+                     half_length: int = 32, chunk: int = 4, batch_size: int = 16,
+                     lr: float = 2e-3, low_id: int = 0, seed: int = 0,
+                     log: Callable[[str], None] | None = print, log_every: int = 100
                      ) -> WarmupResult:
-    """Train `model` in place on `x ++ x` copies of uniform random ids in [low_id, vocab_size).
+    """Train `model` in place on the shuffled-chunk copy task (`copy_task_batch`).
 
     Args:
         model: a causal LM (returns `.logits` [B, L, V]); left in train mode.
         vocab_size: ids are drawn below this (the tokenizer's length).
         steps: optimizer steps (0 = nothing happens).
         half_length: length of x; sequences are 2 * half_length tokens.
+        chunk: length of the chunks of x that the second half repeats in shuffled order.
         batch_size: sequences per step.
         lr: AdamW learning rate (constant; a fresh optimizer, not the SFT one).
         low_id: smallest id drawn (skip control tokens, which never occur inside text).
         seed: seed of the random sequences.
         log: where progress lines go (None = silent).
-    Returns the first and last second-half losses (nats per token).
+    Returns the first and last copy losses (nats per predictable token).
     """
-    if steps < 0 or half_length < 1 or batch_size < 1 or not 0 <= low_id < vocab_size:
-        raise ValueError("need steps >= 0, half_length >= 1, batch_size >= 1 and "
-                         "0 <= low_id < vocab_size")
+    if steps < 0 or half_length < 1 or batch_size < 1 or not 0 <= low_id < vocab_size \
+            or not 1 < chunk <= half_length or half_length % chunk:
+        raise ValueError("need steps >= 0, half_length >= 1, batch_size >= 1, "
+                         "0 <= low_id < vocab_size and 1 < chunk <= half_length with "
+                         "half_length a multiple of chunk")
     generator = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
@@ -62,9 +67,9 @@ def induction_warmup(model: torch.nn.Module, vocab_size: int, *, steps: int,
     model.train()
     first = last = float("nan")
     for step in range(steps):
-        ids = copy_task_batch(vocab_size, batch_size, half_length, generator=generator,
-                              low_id=low_id).to(device)
-        loss = copy_task_loss(model, ids)
+        ids, targets = copy_task_batch(vocab_size, batch_size, half_length, chunk=chunk,
+                                       generator=generator, low_id=low_id)
+        loss = copy_task_loss(model, ids.to(device), targets.to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -77,20 +82,34 @@ def induction_warmup(model: torch.nn.Module, vocab_size: int, *, steps: int,
     return WarmupResult(steps, first, last)
 
 
-def copy_task_batch(vocab_size: int, batch_size: int, half_length: int, *,
+def copy_task_batch(vocab_size: int, batch_size: int, half_length: int, *, chunk: int = 8,
                     generator: torch.Generator | None = None, seed: int | None = None,
-                    low_id: int = 0) -> torch.Tensor:
-    """[batch_size, 2 * half_length] int64: rows `x ++ x`, x uniform in [low_id, vocab)."""
+                    low_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows `x ++ y`: x uniform random ids in [low_id, vocab), y the chunks of x (length
+    `chunk`) in a random order. Returns (ids [B, 2H] int64, targets [B, 2H] bool), targets
+    True on the tokens of y that can be copied: all but the first of each chunk.
+
+    Why shuffled chunks: with `x ++ x` every copy sits exactly H tokens back, and a model
+    with rotary positions learns "attend H back" instead of "find the earlier occurrence of
+    the current token and copy what followed it" (induction). Only the latter carries over
+    to copying a name from a question or a url from search results.
+    """
     if generator is None:
         generator = torch.Generator().manual_seed(int(seed or 0))
-    half = torch.randint(low_id, vocab_size, (batch_size, half_length), generator=generator)
-    return torch.cat([half, half], dim=1)
+    x = torch.randint(low_id, vocab_size, (batch_size, half_length), generator=generator)
+    n_chunks = half_length // chunk
+    order = torch.argsort(torch.rand(batch_size, n_chunks, generator=generator), dim=1)
+    y = torch.gather(x.view(batch_size, n_chunks, chunk), 1,
+                     order[:, :, None].expand(-1, -1, chunk)).reshape(batch_size, half_length)
+    targets = torch.zeros(batch_size, 2 * half_length, dtype=torch.bool)
+    targets[:, half_length:] = True
+    targets[:, half_length::chunk] = False
+    return torch.cat([x, y], dim=1), targets
 
 
-def copy_task_loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of the second half of `x ++ x` rows (nats per token)."""
-    half = ids.shape[1] // 2
-    # Logits at positions H-1 .. 2H-2 predict the second copy.
-    logits = model(input_ids=ids, use_cache=False).logits[:, half - 1:-1]
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                                             ids[:, half:].reshape(-1))
+def copy_task_loss(model: torch.nn.Module, ids: torch.Tensor, targets: torch.Tensor
+                   ) -> torch.Tensor:
+    """Mean cross-entropy over the target tokens of `copy_task_batch` rows (nats/token)."""
+    logits = model(input_ids=ids, use_cache=False).logits[:, :-1]
+    wanted = targets[:, 1:]
+    return torch.nn.functional.cross_entropy(logits[wanted].float(), ids[:, 1:][wanted])
