@@ -85,6 +85,10 @@ def test_config_refuses_bad_settings_by_name(tmp_path, policy_dir):
     with pytest.raises(ValueError, match="use_ray"):
         config.validate()
     config = small_config(policy_dir, tmp_path)
+    config.run.use_ray, config.learner.strategy = True, "fsdp"
+    with pytest.raises(ValueError, match="num_learners >= 2"):
+        config.validate()
+    config = small_config(policy_dir, tmp_path)
     config.algorithm.name = "ppo-typo"
     with pytest.raises(KeyError, match="ppo-typo"):
         config.validate()
@@ -195,3 +199,42 @@ def test_policy_token_logprobs_match_the_full_softmax_on_policy_tokens(policy_di
     assert torch.allclose(logprobs[mask], full_logprobs[mask], atol=1e-5)
     assert torch.allclose(entropy[mask], full_entropy[mask], atol=1e-4)
     assert (logprobs[~mask] == 0).all() and (entropy[~mask] == 0).all()
+
+
+def test_ray_fsdp_learners_match_one_learner_and_resume_exactly(tmp_path, policy_dir):
+    """learner.strategy fsdp: 2 FSDP2 learners (gloo) shard the model and AdamW state. With
+    3 trajectories of 1 per micro-batch one learner has a micro-batch more than the other
+    (it runs a zero-weighted pass), and the run, killed after step 1 and resumed from its
+    sharded-optimizer checkpoint, ends with the in-process single learner's weights."""
+    import ray
+
+    from trainers.rl.workers import Learner
+
+    def configured(output: Path) -> RLConfig:
+        config = small_config(policy_dir, output)
+        config.rollout = dataclasses.replace(config.rollout, group_size=3, queries_per_step=1)
+        config.learner.micro_batch_size = 1
+        return config
+
+    reference = train(configured(tmp_path / "local"))
+    config = configured(tmp_path / "fsdp")
+    config.run.use_ray = True
+    config.rollout = dataclasses.replace(config.rollout, num_workers=1, cpus_per_worker=0.5)
+    config.learner = dataclasses.replace(config.learner, num_learners=2, strategy="fsdp",
+                                         cpus_per_learner=0.5)
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        first = train(config, stop_after=1)
+        config.run.resume = "latest"
+        resumed = train(config)
+    finally:
+        ray.shutdown()
+    assert [h["step"] for h in first.history] == [0]
+    assert [h["step"] for h in resumed.history] == [1]
+    assert same_weights(resumed.weights, reference.weights, atol=1e-5)
+    assert abs(resumed.history[0]["entropy"] - reference.history[1]["entropy"]) < 1e-4
+    assert abs(resumed.history[0]["grad_norm"] - reference.history[1]["grad_norm"]) < 1e-4
+    # A sharded optimizer state cannot be loaded by full-replica learners: refused by name.
+    ddp = Learner(policy_dir, config.algorithm.build(), lr=1e-3)
+    with pytest.raises(ValueError, match="fsdp"):
+        ddp.load(latest_rl_checkpoint(tmp_path / "fsdp"))

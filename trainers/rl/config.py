@@ -123,6 +123,9 @@ class LearnerConfig:
                               "process unless use_ray.", 1)
     backend: str = _help("torch.distributed backend: 'auto' (nccl with GPUs, else gloo), "
                          "'gloo' or 'nccl'.", "auto")
+    strategy: str = _help("'ddp' (every learner holds the whole model and optimizer) or "
+                          "'fsdp' (FSDP2: parameters, gradients and AdamW state sharded over "
+                          "the learners; needs num_learners >= 2).", "ddp")
     cpus_per_learner: float = _help("Ray CPUs reserved per learner.", 1.0)
     gpus_per_learner: float = _help("Ray GPUs per learner (1 for NCCL training).", 0.0)
 
@@ -185,6 +188,9 @@ class RLConfig:
             (self.learner.ppo_epochs >= 1, "learner.ppo_epochs must be >= 1"),
             (self.learner.backend in ("auto", "gloo", "nccl"),
              "learner.backend must be auto, gloo or nccl"),
+            (self.learner.strategy in ("ddp", "fsdp"), "learner.strategy must be ddp or fsdp"),
+            (self.learner.strategy == "ddp" or self.learner.num_learners >= 2,
+             "learner.strategy fsdp shards over learners: set learner.num_learners >= 2"),
             (self.run.steps >= 1, "run.steps must be >= 1"),
             (self.run.tensorboard in ("auto", "on", "off"), "run.tensorboard: auto, on or off"),
             (self.run.use_ray or (self.rollout.num_workers == 0

@@ -114,7 +114,8 @@ class Workers:
                               grad_clip=config.learner.grad_clip,
                               warmup_steps=config.learner.warmup_steps,
                               micro_batch_size=config.learner.micro_batch_size,
-                              backend=config.learner.backend, use_gpu=use_gpu,
+                              backend=config.learner.backend,
+                              strategy=config.learner.strategy, use_gpu=use_gpu,
                               threads=threads, seed=config.run.seed)
         if not self.use_ray:
             self.learners = [Learner(config.policy.path, algorithm, **learner_kwargs)]

@@ -10,14 +10,22 @@ Each class is plain Python; the driver runs it in-process or wraps it with `ray.
     Learner.weights() / save(path) / load(path)
 
 Learners are data parallel with torch.distributed (gloo on CPU, NCCL on GPU): every learner
-holds a full replica, gets every world_size-th trajectory of a mini-batch, scales its loss by
-its share of the global loss units (tokens for token-mean, trajectories for seq-mean) and
-all-reduces gradients with SUM, so W learners compute exactly the one-learner update
-(tests/test_rl_driver.py checks it).
+gets every world_size-th trajectory of a mini-batch, scales its loss by its share of the
+global loss units (tokens for token-mean, trajectories for seq-mean) and sums gradients, so
+W learners compute exactly the one-learner update (tests/test_rl_driver.py checks it).
+Two strategies (`learner.strategy`):
+* "ddp": every learner holds the whole model and optimizer; gradients are all-reduced.
+* "fsdp": torch FSDP2 (`fully_shard` per decoder layer, then the root): parameters,
+  gradients and AdamW state are sharded over the learners, gradients reduce-scattered.
+  Each learner also keeps an unsharded, gradient-free copy of the weights (refreshed after
+  every update with one all-gather) for scoring and weight sync: the IG probe pass runs a
+  data-dependent number of forwards per learner, which sharded modules (one collective per
+  forward, on every rank) cannot do.
 
 Where we deviate from DR-Venus / verl and why
-* No FSDP: models trained here fit one worker. A sharded learner is a different Learner
-  class behind the same verbs.
+* The FSDP learner's unsharded scoring copy costs one model of memory per learner (no
+  gradients or optimizer state). verl scores with the sharded module instead; our per-row
+  IG probes would need every rank to run the same number of forwards.
 * The IG probe pass (trainers.information_gain.score_batch) also yields the old log-probs,
   so IGPO pays one fused forward per trajectory for both; other algorithms do a plain
   forward for old log-probs.
@@ -165,11 +173,14 @@ def policy_token_logprobs(model: Any, batch: RolloutBatch, device: torch.device
     mask = batch.loss_mask.to(device)
     if mask[:, 0].any():
         raise ValueError("a policy token at position 0 has no context to be predicted from")
-    hidden = model.base_model(input_ids=input_ids,
-                              attention_mask=batch.attention_mask.to(device).long()
-                              ).last_hidden_state
     rows, positions = mask.nonzero(as_tuple=True)
-    logits = model.get_output_embeddings()(hidden[rows, positions - 1]).float()
+    # Logits only after the positions that predict a policy token (a boolean logits_to_keep
+    # returns them flattened in row-major order, the order of `rows, positions`). The call
+    # goes through the model's own forward, so sharded (FSDP) modules gather their weights.
+    keep = torch.zeros_like(mask, dtype=torch.bool)
+    keep[rows, positions - 1] = True
+    logits = model(input_ids=input_ids, attention_mask=batch.attention_mask.to(device).long(),
+                   logits_to_keep=keep, use_cache=False).logits.float()
     log_probs = torch.log_softmax(logits, dim=-1)
     chosen = log_probs.gather(-1, input_ids[rows, positions, None]).squeeze(-1)
     entropy = -(log_probs.exp() * log_probs).sum(-1)
@@ -247,6 +258,7 @@ class Learner:
         master: "host:port" of the rendezvous; "" = call `join` later (the driver asks rank
             0 for `rendezvous_address()` first, so multi-node clusters work).
         backend: "gloo", "nccl" or "auto" (nccl on a GPU, else gloo).
+        strategy: "ddp" (full replicas) or "fsdp" (sharded; needs world_size > 1).
         use_gpu: train on CUDA when this process sees a GPU.
         threads: torch threads (0 = leave as is).
         seed: seeds python / numpy / torch in this process.
@@ -256,7 +268,12 @@ class Learner:
                  betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0,
                  grad_clip: float = 1.0, warmup_steps: int = 0, micro_batch_size: int = 4,
                  rank: int = 0, world_size: int = 1, master: str = "", backend: str = "auto",
-                 use_gpu: bool = True, threads: int = 0, seed: int = 0):
+                 strategy: str = "ddp", use_gpu: bool = True, threads: int = 0, seed: int = 0):
+        if strategy not in ("ddp", "fsdp"):
+            raise ValueError(f"strategy must be 'ddp' or 'fsdp', got {strategy!r}")
+        if strategy == "fsdp" and world_size < 2:
+            raise ValueError("strategy 'fsdp' shards over learners: it needs world_size >= 2")
+        self.strategy = strategy
         if threads:
             torch.set_num_threads(threads)
         _seed_everything(seed)
@@ -267,10 +284,11 @@ class Learner:
                                    if use_gpu and torch.cuda.is_available() else "cpu")
         if self.backend == "auto":
             self.backend = "nccl" if self.device.type == "cuda" else "gloo"
-        if world_size > 1 and master:
-            self.join(master)
         model, self.tokenizer, self.chat = load_policy(policy_path)
         self.model = model.to(self.device)
+        # The module that scores and whose weights go to the engines: the trained module
+        # itself, or (fsdp) an unsharded copy refreshed after every update.
+        self.scorer = self.model
         self.algorithm = algorithm
         loss_config = getattr(algorithm.config, "loss", None)
         self.kl_coef = float(getattr(loss_config, "kl_coef", 0.0) or 0.0)
@@ -278,8 +296,9 @@ class Learner:
         self.reference = None
         if self.kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas),
-                                           weight_decay=weight_decay)
+        self.optimizer_settings = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+        self.optimizer = None if strategy == "fsdp" else torch.optim.AdamW(
+            self.model.parameters(), **self.optimizer_settings)  # fsdp: after sharding
         self.lr, self.warmup_steps, self.grad_clip = lr, warmup_steps, grad_clip
         self.micro_batch_size = micro_batch_size
         self.updates = 0
@@ -290,6 +309,8 @@ class Learner:
             self.probe_template = build_probe_template(
                 self.tokenizer, list(self.chat.generation_prompt_ids)
                 + encode_text(self.tokenizer, "<think>\n"), eos_token_id=self.chat.end_of_turn_id)
+        if world_size > 1 and master:
+            self.join(master)
 
     # --- verbs ----------------------------------------------------------------------
     def rendezvous_address(self) -> str:
@@ -310,9 +331,11 @@ class Learner:
             return f"{host}:{sock.getsockname()[1]}"
 
     def join(self, master: str) -> None:
-        """Join the process group (blocks until every rank has joined)."""
+        """Join the process group (blocks until every rank has joined); fsdp then shards."""
         dist.init_process_group(self.backend, init_method=f"tcp://{master}", rank=self.rank,
                                 world_size=self.world_size)
+        if self.strategy == "fsdp":
+            self._shard()
 
     def score(self, batch: RolloutBatch, answers: list[list[str]]) -> dict[str, torch.Tensor]:
         """old_logprobs, ref_logprobs (if KL) and boundary_scores (if the algorithm probes)
@@ -322,12 +345,13 @@ class Learner:
             if self.probe_template is not None:
                 probes = [build_probes(self.tokenizer, self.probe_template, gold)
                           for gold in answers]
-                scored = score_batch(self.model, batch, probes, self.algorithm.probe_slots(batch))
+                scored = score_batch(self.scorer, batch, probes,
+                                     self.algorithm.probe_slots(batch))
                 out["boundary_scores"] = scored.boundary_scores
                 out["old_logprobs"] = scored.old_logprobs
             else:
-                self.model.eval()  # as score_batch does: no dropout in the behaviour log-probs
-                out["old_logprobs"] = self._logprobs(self.model, batch, grad=False)[0]
+                self.scorer.eval()  # as score_batch does: no dropout in the behaviour log-probs
+                out["old_logprobs"] = self._logprobs(self.scorer, batch, grad=False)[0]
             if self.reference is not None:
                 out["ref_logprobs"] = self._logprobs(self.reference, batch, grad=False)[0]
         return out
@@ -337,17 +361,31 @@ class Learner:
         `batch` is None for a learner that got no rows (it still joins the all-reduce).
         Returned metrics are this learner's share; summed over learners they are the
         batch means (grad_norm and lr are divided by world_size for the same reason)."""
+        if self.optimizer is None:
+            raise RuntimeError("an fsdp learner must join its process group before updating")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = {}
-        for start in range(0, batch.batch_size if batch is not None else 0,
-                           self.micro_batch_size):
+        starts = list(range(0, batch.batch_size if batch is not None else 0,
+                            self.micro_batch_size))
+        if self.strategy == "fsdp":
+            # Every forward of a sharded module is a collective: all ranks must run the same
+            # number; a rank with fewer micro-batches runs zero-weighted ones.
+            count = torch.tensor([len(starts)])
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            for _ in range(int(count) - len(starts)):
+                self._zero_weighted_pass()
+        for start in starts:
             micro = batch.select(range(start, min(start + self.micro_batch_size,
                                                   batch.batch_size))).to(self.device)
             logprobs, entropy = self._logprobs(self.model, micro, grad=True)
             loss, micro_metrics = self.algorithm.loss(micro, logprobs, entropy)
             share = loss_share(micro, totals, self.aggregation)
-            (loss * share).backward()
+            # Shares sum to 1 over all ranks, so gradients must be summed: FSDP's
+            # reduce-scatter averages (a divide factor of 1 needs NCCL's PREMUL_SUM, which
+            # gloo lacks), hence the world_size.
+            scale = share * (self.world_size if self.strategy == "fsdp" else 1)
+            (loss * scale).backward()
             # Loss diagnostics are weighted by this micro-batch's share of the global loss
             # units (the driver sums over learners: the batch-weighted mean); extremes are
             # merged as extremes. Batch statistics (format errors, IG) come from the driver.
@@ -357,27 +395,44 @@ class Learner:
                     metrics[key] = pick(metrics.get(key, float(value)), float(value))
                 elif key not in BATCH_METRIC_KEYS and not key.startswith("ig/"):
                     metrics[key] = metrics.get(key, 0.0) + float(value) * share
-        if self.world_size > 1:
+        if self.world_size > 1 and self.strategy == "ddp":
             self._all_reduce_gradients()
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.grad_clip if self.grad_clip > 0 else float("inf"))
+        if hasattr(grad_norm, "full_tensor"):  # fsdp: a DTensor of the global norm
+            grad_norm = grad_norm.full_tensor()
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr * min(1.0, (self.updates + 1) / max(1, self.warmup_steps))
         self.optimizer.step()
         self.updates += 1
+        if self.strategy == "fsdp":
+            self._refresh_scorer()
         return {**metrics, "grad_norm": float(grad_norm) / self.world_size,
                 "lr": self.optimizer.param_groups[0]["lr"] / self.world_size}
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {name: tensor.detach().cpu().clone()
-                for name, tensor in self.model.state_dict().items()}
+                for name, tensor in self.scorer.state_dict().items()}
 
     def save(self, directory: str | Path) -> None:
-        """Write the learner state (only rank 0 writes; every rank holds the same state)."""
+        """Write the learner state (rank 0 writes; every rank holds the same state, or with
+        fsdp its shard of the optimizer state, which every rank must join to gather)."""
+        if self.strategy == "fsdp":
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                get_optimizer_state_dict,
+            )
+
+            # Collective: every rank takes part; with cpu_offload only rank 0 gets the data.
+            optimizer_state = get_optimizer_state_dict(
+                self.model, self.optimizer,
+                options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        else:
+            optimizer_state = self.optimizer.state_dict()
         if self.rank != 0:
             return
-        state = {"model": self.weights(), "optimizer": self.optimizer.state_dict(),
-                 "updates": self.updates,
+        state = {"model": self.weights(), "optimizer": optimizer_state,
+                 "strategy": self.strategy, "updates": self.updates,
                  # Nothing in the update samples today; kept so a stochastic plug-in
                  # (dropout, sampled mini-batches) resumes exactly too.
                  "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
@@ -390,8 +445,26 @@ class Learner:
     def load(self, directory: str | Path) -> int:
         state = torch.load(Path(directory) / LEARNER_STATE_FILE, map_location=self.device,
                            weights_only=False)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        saved_strategy = state.get("strategy", "ddp")
+        if saved_strategy != self.strategy:
+            raise ValueError(f"{directory} was saved by {saved_strategy!r} learners; this run "
+                             f"uses learner.strategy {self.strategy!r} (optimizer states differ)")
+        if self.strategy == "fsdp":
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+                set_optimizer_state_dict,
+            )
+
+            # set_model_state_dict replaces the dict's tensors by shards: scorer first.
+            self.scorer.load_state_dict(state["model"])
+            options = StateDictOptions(full_state_dict=True)
+            set_model_state_dict(self.model, dict(state["model"]), options=options)
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
+                                     options=options)
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         if self.reference is not None and state["reference"] is not None:
             self.reference.load_state_dict(state["reference"])
         self.updates = int(state["updates"])
@@ -411,6 +484,35 @@ class Learner:
             logprobs, entropy = policy_token_logprobs(model, batch, self.device)
         return (logprobs.detach().cpu(), entropy.detach().cpu()) if not grad else \
             (logprobs, entropy)
+
+    def _shard(self) -> None:
+        """FSDP2: shard each decoder layer, then the rest (embeddings, final norm, head);
+        keep an unsharded copy for scoring; build the optimizer over the shards."""
+        from torch.distributed.fsdp import fully_shard
+
+        self.scorer = copy.deepcopy(self.model).requires_grad_(False)
+        decoder = getattr(self.model, "model", None)
+        for layer in getattr(decoder, "layers", []):
+            fully_shard(layer)
+        fully_shard(self.model)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), **self.optimizer_settings)
+
+    def _refresh_scorer(self) -> None:
+        """All-gather the updated shards into the unsharded scoring copy (collective)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        self.scorer.load_state_dict(full)
+
+    def _zero_weighted_pass(self) -> None:
+        """A forward and backward that adds nothing to the gradients but takes part in every
+        collective of the sharded module (for a rank with fewer micro-batches)."""
+        ids = torch.tensor([[self.chat.end_of_turn_id] * 2], device=self.device)
+        logits = self.model(input_ids=ids, use_cache=False).logits
+        (logits.float().sum() * 0.0).backward()
 
     def _all_reduce_gradients(self) -> None:
         # A learner with no rows in this mini-batch still joins the all-reduce with zeros.
