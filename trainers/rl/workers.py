@@ -371,7 +371,7 @@ class Learner:
         if self.strategy == "fsdp":
             # Every forward of a sharded module is a collective: all ranks must run the same
             # number; a rank with fewer micro-batches runs zero-weighted ones.
-            count = torch.tensor([len(starts)])
+            count = torch.tensor([len(starts)], device=self.device)  # NCCL: on the GPU
             dist.all_reduce(count, op=dist.ReduceOp.MAX)
             for _ in range(int(count) - len(starts)):
                 self._zero_weighted_pass()
@@ -443,8 +443,9 @@ class Learner:
         torch.save(state, Path(directory) / LEARNER_STATE_FILE)
 
     def load(self, directory: str | Path) -> int:
-        state = torch.load(Path(directory) / LEARNER_STATE_FILE, map_location=self.device,
-                           weights_only=False)
+        # fsdp: the full state stays on the CPU; set_*_state_dict moves only the shards over.
+        state = torch.load(Path(directory) / LEARNER_STATE_FILE, weights_only=False,
+                           map_location="cpu" if self.strategy == "fsdp" else self.device)
         saved_strategy = state.get("strategy", "ddp")
         if saved_strategy != self.strategy:
             raise ValueError(f"{directory} was saved by {saved_strategy!r} learners; this run "
@@ -511,8 +512,11 @@ class Learner:
         """A forward and backward that adds nothing to the gradients but takes part in every
         collective of the sharded module (for a rank with fewer micro-batches)."""
         ids = torch.tensor([[self.chat.end_of_turn_id] * 2], device=self.device)
-        logits = self.model(input_ids=ids, use_cache=False).logits
-        (logits.float().sum() * 0.0).backward()
+        # Its own RNG stream: a model with dropout must not draw extra numbers on some ranks.
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            logits = self.model(input_ids=ids, use_cache=False).logits
+            (logits.float().sum() * 0.0).backward()
 
     def _all_reduce_gradients(self) -> None:
         # A learner with no rows in this mini-batch still joins the all-reduce with zeros.
