@@ -94,3 +94,18 @@ def test_tokenized_with_exact_masks():
             text = tokenizer.decode(trajectory.input_ids[start:end - 1])
             assert text == turn.assistant
             assert trajectory.input_ids[end - 1] == chat.end_of_turn_id
+
+
+def test_sft_config_names_its_oracle_data_and_refuses_an_unknown_mixture():
+    """The SFT pipeline and the main job build their oracle data from one function, so the
+    data's worlds are the tokenizer's worlds (data.world_seeds)."""
+    from trainers.sft.config import SFTExperimentConfig, from_dict
+    from trainers.sft.pipeline import oracle_data_config
+
+    config = from_dict(SFTExperimentConfig, {"data": {"world_seeds": [4, 5], "mixture": "short",
+                                                      "num_episodes": 9}})
+    data = oracle_data_config(config)
+    assert (tuple(data.world_seeds), data.num_episodes, data.mixture) == ((4, 5), 9, SHORT_MIXTURE)
+    config.data.mixture = "shrot"
+    with pytest.raises(ValueError, match="shrot"):
+        oracle_data_config(config)

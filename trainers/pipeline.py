@@ -50,14 +50,13 @@ def run_pipeline(sft_config: Any, rl_config: Any, output_dir: str | Path,
     import torch
 
     from trainers.data.oracle_data import (
-        OracleDataConfig,
         generate_oracle_trajectories,
         turn_histogram,
     )
     from trainers.rl.driver import train as train_rl
     from trainers.rl.report import write_report
     from trainers.sft.config import config_to_dict
-    from trainers.sft.pipeline import MIXTURES, train_sft
+    from trainers.sft.pipeline import oracle_data_config, train_sft
     from trainers.trajectory import write_trajectories
     from venus_gym.worlds import load_world
 
@@ -79,9 +78,9 @@ def run_pipeline(sft_config: Any, rl_config: Any, output_dir: str | Path,
 
     started = _stage(2, 5, f"oracle SFT data: {sft_config.data.num_episodes} episodes on the "
                            f"train split (mixture {sft_config.data.mixture!r})")
-    trajectories = generate_oracle_trajectories(OracleDataConfig(
-        num_episodes=sft_config.data.num_episodes, seed=sft_config.data.seed,
-        env_kwargs=sft_config.env_kwargs(), mixture=MIXTURES[sft_config.data.mixture]))
+    # The same data settings as train_sft's own (world_seeds included): its tokenizer is
+    # trained on the worlds this data comes from.
+    trajectories = generate_oracle_trajectories(oracle_data_config(sft_config))
     data_path = output / "sft_data.jsonl"
     write_trajectories(data_path, trajectories)
     print(f"  {len(trajectories)} trajectories -> {data_path}; turns: "

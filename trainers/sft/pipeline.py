@@ -37,9 +37,11 @@ MIXTURES = {"default": DEFAULT_MIXTURE, "short": SHORT_MIXTURE, "plain": PLAIN_M
 
 
 @functools.lru_cache(maxsize=4)
-def _world_tokenizer(vocab_size: int, world_size: int, world_seeds: tuple[int, ...]) -> Any:
+def _world_tokenizer(vocab_size: int, world_size: int | None, world_seeds: tuple[int, ...]
+                     ) -> Any:
+    size = {} if world_size is None else {"world_size": world_size}  # None: the env default
     texts = [text for seed in world_seeds
-             for text in world_texts({"world_size": world_size, "world_seed": seed})]
+             for text in world_texts({**size, "world_seed": seed})]
     return build_chatml_tokenizer(texts, vocab_size=vocab_size)
 
 
@@ -50,8 +52,7 @@ def build_tokenizer(model_config: ModelConfig, env_kwargs: dict[str, Any],
     (vocab size, worlds) within the process."""
     if model_config.tokenizer == "world":
         seeds = tuple(world_seeds) or (env_kwargs.get("world_seed", 0),)
-        return _world_tokenizer(model_config.vocab_size, env_kwargs.get("world_size", 2000),
-                                seeds)
+        return _world_tokenizer(model_config.vocab_size, env_kwargs.get("world_size"), seeds)
     if model_config.tokenizer == "model":
         if model_config.name == "smollm2":
             return load_smollm2(tokenizer_only=True)[0]
@@ -89,13 +90,18 @@ def build_trajectories(config: SFTExperimentConfig, chat: ChatTokenizer) -> list
     if config.data.jsonl:
         trajectories = read_trajectories(config.data.jsonl)
     else:
-        if config.data.mixture not in MIXTURES:
-            raise ValueError(f"data.mixture must be one of {sorted(MIXTURES)}")
-        trajectories = generate_oracle_trajectories(OracleDataConfig(
-            num_episodes=config.data.num_episodes, seed=config.data.seed,
-            env_kwargs=config.env_kwargs(), mixture=MIXTURES[config.data.mixture],
-            world_seeds=tuple(config.data.world_seeds)))
+        trajectories = generate_oracle_trajectories(oracle_data_config(config))
     return tokenize_trajectories(trajectories, chat)
+
+
+def oracle_data_config(config: SFTExperimentConfig) -> OracleDataConfig:
+    """The oracle data an SFT config asks for (episodes, seed, worlds, mixture)."""
+    if config.data.mixture not in MIXTURES:
+        raise ValueError(f"data.mixture must be one of {sorted(MIXTURES)}, got "
+                         f"{config.data.mixture!r}")
+    return OracleDataConfig(num_episodes=config.data.num_episodes, seed=config.data.seed,
+                            env_kwargs=config.env_kwargs(), mixture=MIXTURES[config.data.mixture],
+                            world_seeds=tuple(config.data.world_seeds))
 
 
 def build_samples(config: SFTExperimentConfig, chat: ChatTokenizer) -> list[SFTSample]:
