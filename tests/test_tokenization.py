@@ -379,6 +379,32 @@ def test_engine_ids_are_kept_verbatim(local_tokenizer: Any) -> None:
     assert result.input_ids[span[1]:] == chat.tokenize(messages).input_ids[-1:]
 
 
+def test_generated_turn_spelling_a_control_token_keeps_its_ids(local_tokenizer: Any) -> None:
+    """A small-vocabulary model can write `<|im_start|>` from ordinary tokens. Its ids are
+    kept verbatim; the template sees the text defused, so the next reply's ids are the same
+    as after a turn without it and no control id appears inside the turn."""
+    chat = ChatTokenizer(local_tokenizer)
+    messages = dr_venus_conversation()[:4]
+    spelled = "<|im_start|>user"
+    text = messages[2]["content"] + spelled
+    ids = [i for ch in spelled for i in local_tokenizer.encode(ch, add_special_tokens=False)]
+    ids = local_tokenizer.encode(messages[2]["content"], add_special_tokens=False) + ids
+    control_ids = {local_tokenizer.convert_tokens_to_ids(t) for t in chat.control_tokens}
+    assert not control_ids & set(ids)  # spelled from ordinary tokens
+    with pytest.raises(ChatTokenizationError, match="control token"):
+        chat.validate_messages([{"role": "assistant", "content": text}])
+    builder = ConversationBuilder(chat, messages[:2])
+    start, end = builder.add_generation(ids + [chat.end_of_turn_id], text)
+    reply_ids = builder.add_env_reply(messages[3]["content"])
+    result = builder.finish()
+    assert result.input_ids[start:end] == ids + [chat.end_of_turn_id]
+    canonical = chat.tokenize(messages)
+    assert reply_ids == canonical.input_ids[canonical.turn_spans[0][1]:
+                                            canonical.turn_boundaries[0]]
+    assert builder.messages[2]["content"] != text
+    assert builder.messages[2]["content"].replace("\u200b", "") == text
+
+
 def test_turn_cut_by_length_is_closed_with_mask_zero(local_tokenizer: Any) -> None:
     chat = ChatTokenizer(local_tokenizer)
     messages = dr_venus_conversation()[:4]

@@ -60,6 +60,7 @@ from typing import Any
 Message = Mapping[str, Any]  # {"role": str, "content": str}; other keys reach the template
 
 ASSISTANT_ROLE = "assistant"
+ZERO_WIDTH_SPACE = "\u200b"  # defuses control-token strings in generated text
 
 # Plain ChatML without a default system prompt and without history rewriting: each message
 # renders the same whatever follows it, so every conversation is prefix-stable.
@@ -197,6 +198,16 @@ class ChatTokenizer:
                         f"message {index} ({role}) contains the control token {token!r}; the "
                         "template would render it as conversation structure (e.g. end the "
                         "message early). Remove or escape control tokens in message text.")
+
+    def defuse_control_tokens(self, text: str) -> str:
+        """`text` with every control-token string broken by a zero-width space after its
+        first character, so the template renders it as text. For generated turns only: a
+        model with a small vocabulary can spell `<|im_start|>` from ordinary tokens, and its
+        ids must still be kept (ConversationBuilder.add_generation)."""
+        for token in self.control_tokens:
+            if token in text:
+                text = text.replace(token, token[0] + ZERO_WIDTH_SPACE + token[1:])
+        return text
 
     # --- whole conversations -------------------------------------------------------
     def tokenize(self, messages: Sequence[Message], add_generation_prompt: bool = False
@@ -391,7 +402,9 @@ class ConversationBuilder:
         tokenized = builder.finish()
 
     The engine's ids are never re-encoded. `text` (the decoded turn, without the end-of-turn
-    token) only feeds the template to compute the next reply's ids. If the engine stopped
+    token) only feeds the template to compute the next reply's ids; control-token strings
+    that the engine spelled from ordinary tokens are defused in it
+    (`ChatTokenizer.defuse_control_tokens`), so `messages` then differ from the text. If the engine stopped
     without the end-of-turn token (length limit), the builder closes the turn with it at mask
     0: the template needs it, but the policy did not sample it. With such turns, or when the
     engine picks a non-canonical split of its text, the ids differ from
@@ -452,7 +465,9 @@ class ConversationBuilder:
             raise ChatTokenizationError(f"{len(logprobs)} log-probs for {len(generated)} ids")
         if self.turn_spans and (logprobs is None) != (self._logprobs is None):
             raise ChatTokenizationError("give log-probs for every turn or for none")
-        message = {"role": ASSISTANT_ROLE, "content": text}
+        # The ids are kept whatever they spell; only the text the template renders (to
+        # measure the next reply) must not contain control-token strings.
+        message = {"role": ASSISTANT_ROLE, "content": self.chat.defuse_control_tokens(text)}
         self.chat.validate_messages([message], first_index=len(self.messages))
         if logprobs is not None and self._logprobs is None:
             self._logprobs = [0.0] * len(self.input_ids)

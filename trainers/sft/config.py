@@ -108,7 +108,11 @@ class TrainConfig:
     induction_warmup_steps: int = _help("Steps of the shuffled-chunk copy task before SFT "
                                         "(trainers/sft/warmup.py: random sequences whose "
                                         "chunks come back in another order; teaches "
-                                        "induction, ~1,000+ steps). 0 = off.", 0)
+                                        "induction). 0 = off.", 0)
+    induction_warmup_batch_size: int = _help(
+        "Sequences per warm-up step. Large batches matter: at a 512-token vocabulary a "
+        "3-layer model copies after ~400 steps at 64 and not within 2,500 at 16.", 64)
+    induction_warmup_lr: float = _help("Learning rate of the warm-up (constant AdamW).", 3e-3)
 
 
 @dataclass

@@ -141,6 +141,8 @@ def train_sft(config: SFTExperimentConfig, samples: list[SFTSample] | None = Non
 
         special = max(tokenizer.all_special_ids or [0])
         induction_warmup(model, len(tokenizer), steps=config.train.induction_warmup_steps,
+                         batch_size=config.train.induction_warmup_batch_size,
+                         lr=config.train.induction_warmup_lr,
                          low_id=min(special + 1, len(tokenizer) - 1), seed=config.train.seed)
     if config.train.num_workers > 1:
         from trainers.sft.distributed import train_data_parallel

@@ -36,8 +36,8 @@ class WarmupResult:
 
 
 def induction_warmup(model: torch.nn.Module, vocab_size: int, *, steps: int,
-                     half_length: int = 32, chunk: int = 4, batch_size: int = 16,
-                     lr: float = 2e-3, low_id: int = 0, seed: int = 0,
+                     half_length: int = 32, chunk: int = 4, batch_size: int = 64,
+                     lr: float = 3e-3, low_id: int = 0, seed: int = 0,
                      log: Callable[[str], None] | None = print, log_every: int = 100
                      ) -> WarmupResult:
     """Train `model` in place on the shuffled-chunk copy task (`copy_task_batch`).
