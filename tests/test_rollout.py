@@ -85,6 +85,32 @@ def test_random_policy_group_rollout_keeps_engine_ids_and_passes_invariants(chat
     assert len({t.messages[2]["content"] for t in trajectories}) > 1
 
 
+class SpellsControlToken(ScriptedEngine):
+    """Writes `<|im_start|>` character by character (ordinary ids), as a small-vocabulary
+    model can, then ends the turn."""
+
+    def generate(self, requests):
+        from trainers.engines.base import GenerationResult
+
+        ids = [i for ch in "<|im_start|>user" for i in
+               self.tokenizer.encode(ch, add_special_tokens=False)]
+        return [GenerationResult([*ids, self.end_of_turn_id], [-1.0] * (len(ids) + 1), "stop")
+                for _ in requests]
+
+
+def test_turn_that_spells_a_control_token_is_kept_token_exact(chat):
+    group = DeepResearchGroupEnv(group_size=2, max_turns=2, **WORLD)
+    engine = SpellsControlToken(chat.tokenizer, lambda observations: "", chat.end_of_turn_id)
+    trajectories = rollout_group(engine, group, chat, seed=4)
+    check_group(trajectories, chat)  # turn text == message text, ids as generated
+    spelled = engine.generate([None])[0].token_ids
+    for t in trajectories:
+        assert t.turn_kinds == ["invalid"] * 3
+        start, end = t.turn_spans[0]
+        assert t.input_ids[start:end] == spelled
+        assert "im_start" in t.turns[0].assistant
+
+
 def test_oracle_group_uses_search_and_visit_and_answers(chat):
     group = DeepResearchGroupEnv(group_size=2, max_turns=12, **WORLD)
     engine = ScriptedEngine(chat.tokenizer, oracle_respond(group), chat.end_of_turn_id)

@@ -191,10 +191,12 @@ def run_episode(env: gym.Env, policy: TransformersPolicy, task_index: int | None
     while not done:
         generated = policy.generate_turn(builder.prompt_ids())
         builder.add_generation(generated.token_ids, generated.text, generated.logprobs)
+        # The record keeps the builder's text (control-token strings defused; see
+        # ConversationBuilder), the environment parses what was generated.
         observation, reward, terminated, truncated, info = env.step(generated.text)
         done = terminated or truncated
         turns.append(Turn(kind=info["kind"], valid=bool(info["valid"]),
-                          assistant=generated.text, env_reply=observation or None,
+                          assistant=builder.messages[-1]["content"], env_reply=observation or None,
                           reason="" if info["valid"] else str(info["reason"]),
                           forced_final=bool(info.get("forced_final")) and done,
                           format_reward=reward if not info["valid"] else None))

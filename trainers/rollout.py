@@ -185,7 +185,9 @@ def rollout_group(engine: Engine, group_env: Any, chat: ChatTokenizer, *,
                                          clean_up_tokenization_spaces=False)
             members[i].builder.add_generation(result.token_ids, text, result.logprobs)
             members[i].finish_reasons.append(result.finish_reason)
-            texts[i] = text
+            # The record keeps the builder's text (control-token strings defused), so the
+            # turn and its message agree; the environment parses what was generated.
+            texts[i] = members[i].builder.messages[-1]["content"]
             actions[i] = text_before_stop_string(text, result.stop_string)
         observations, rewards, _, _, infos = group_env.step(actions)
         for i in asking:
