@@ -29,6 +29,7 @@ from typing import Any
 
 import gymnasium as gym
 import torch
+from tqdm import tqdm
 from transformers import Cache
 
 from trainers.tokenization import ChatTokenizer, ConversationBuilder
@@ -143,6 +144,7 @@ class EpisodeStats:
     score: float
     truncated: bool
     tokens: int
+    cut_turns: int = 0  # turns that hit max_new_tokens before the end-of-turn token
 
 
 @dataclass
@@ -169,10 +171,16 @@ class PolicyEvaluation:
     def mean_turns(self) -> float:
         return sum(e.turns for e in self.episodes) / len(self.episodes) if self.episodes else 0.0
 
+    @property
+    def cut_turn_rate(self) -> float:
+        """Share of turns cut by the token cap (no end-of-turn token): repetition loops."""
+        turns = sum(e.turns for e in self.episodes)
+        return sum(e.cut_turns for e in self.episodes) / turns if turns else 0.0
+
     def summary(self) -> dict[str, float]:
         return {"episodes": len(self.episodes), "format_valid_rate": self.format_valid_rate,
                 "accuracy": self.accuracy, "answer_rate": self.answer_rate,
-                "mean_turns": self.mean_turns}
+                "mean_turns": self.mean_turns, "cut_turn_rate": self.cut_turn_rate}
 
 
 def run_episode(env: gym.Env, policy: TransformersPolicy, task_index: int | None = None,
@@ -187,9 +195,10 @@ def run_episode(env: gym.Env, policy: TransformersPolicy, task_index: int | None
     builder = ConversationBuilder(policy.chat, prompt)
     policy.reset()
     turns: list[Turn] = []
-    score, answered, truncated, done = 0.0, False, False, False
+    score, answered, truncated, done, cut_turns = 0.0, False, False, False, 0
     while not done:
         generated = policy.generate_turn(builder.prompt_ids())
+        cut_turns += generated.token_ids[-1:] != [policy.chat.end_of_turn_id]
         builder.add_generation(generated.token_ids, generated.text, generated.logprobs)
         # The record keeps the builder's text (control-token strings defused; see
         # ConversationBuilder), the environment parses what was generated.
@@ -218,18 +227,22 @@ def run_episode(env: gym.Env, policy: TransformersPolicy, task_index: int | None
     check_invariants(trajectory)
     stats = EpisodeStats(task_id=task.id, hops=task.hops, turns=len(turns),
                          valid_turns=sum(t.valid for t in turns), answered=answered,
-                         score=score, truncated=truncated, tokens=len(tokenized.input_ids))
+                         score=score, truncated=truncated, tokens=len(tokenized.input_ids),
+                         cut_turns=cut_turns)
     return trajectory, stats
 
 
 def evaluate_policy(policy: TransformersPolicy, env_kwargs: dict[str, Any],
-                    num_tasks: int = 0, task_split: str = "test") -> PolicyEvaluation:
-    """Play the first `num_tasks` tasks of `task_split` (0 = all), one episode each."""
+                    num_tasks: int = 0, task_split: str = "test", progress: bool = True
+                    ) -> PolicyEvaluation:
+    """Play the first `num_tasks` tasks of `task_split` (0 = all), one episode each, with a
+    tqdm bar on stderr unless `progress` is False."""
     env = gym.make("DeepResearch-v0", **{**env_kwargs, "task_split": task_split})
     count = len(env.unwrapped.tasks) if num_tasks <= 0 else min(num_tasks,
                                                                 len(env.unwrapped.tasks))
     evaluation = PolicyEvaluation()
-    for index in range(count):
+    for index in tqdm(range(count), desc=f"evaluating on {task_split}", unit="episode",
+                      disable=not progress):
         trajectory, stats = run_episode(env, policy, task_index=index, seed=index,
                                         trajectory_id=f"eval-{task_split}-{index:05d}")
         evaluation.trajectories.append(trajectory)
