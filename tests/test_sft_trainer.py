@@ -137,10 +137,11 @@ def test_yaml_config_round_trip(tmp_path):
         load_config(path)
 
 
-def test_example_config_names_its_command():
+@pytest.mark.parametrize("name", ["sft_tiny", "sft_tiny512", "sft_tiny512_more"])
+def test_example_config_names_its_command(name):
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "configs" / "sft_tiny.yaml"
+    path = Path(__file__).resolve().parents[1] / "examples" / "configs" / f"{name}.yaml"
     first_line = path.read_text().splitlines()[0]
-    assert first_line.startswith("# ") and "examples/sft_tiny.py" in first_line
+    assert first_line.startswith("# ") and f"--config examples/configs/{name}.yaml" in first_line
     load_config(path)
