@@ -66,9 +66,8 @@ class TransformersPolicy:
         self.top_k = top_k
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
-        eot = chat.end_of_turn_id
-        special = set(getattr(chat.tokenizer, "all_special_ids", []))
-        self.banned_ids = sorted(i for i in special if i != eot)
+        # Control tokens other than the end of turn may not appear in message text.
+        self.banned_ids = sorted(chat.control_ids - {chat.end_of_turn_id})
         self._cache: Cache | None = None
         self._cached_ids: list[int] = []
 

@@ -111,10 +111,7 @@ def text_token_counter(chat: ChatTokenizer) -> Callable[[str], int]:
 def banned_control_ids(chat: ChatTokenizer) -> list[int]:
     """Special-token ids other than the end-of-turn id: message text may not contain them
     (the template would read them as structure), so engines must never sample them."""
-    vocabulary = chat.tokenizer.get_vocab()
-    ids = {vocabulary[token] for token in chat.control_tokens if token in vocabulary}
-    ids.discard(chat.end_of_turn_id)
-    return sorted(int(i) for i in ids)
+    return sorted(int(i) for i in chat.control_ids - {chat.end_of_turn_id})
 
 
 def rollout_group(engine: Engine, group_env: Any, chat: ChatTokenizer, *,

@@ -161,6 +161,10 @@ class ChatTokenizer:
         self.end_of_turn_token = end_of_turn_token or self._default_end_of_turn_token()
         self.end_of_turn_id = self._vocabulary_id(self.end_of_turn_token)
         self.control_tokens = self._special_token_strings()
+        vocabulary = tokenizer.get_vocab()
+        # Ids of the control tokens (end-of-turn included): never inside message text.
+        self.control_ids = frozenset(vocabulary[token] for token in self.control_tokens
+                                     if token in vocabulary)
         self.generation_prompt_ids = self._measure_generation_prompt()
         self.tokenize(_TEMPLATE_PROBE)
 

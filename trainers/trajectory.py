@@ -524,8 +524,6 @@ class _Checker:
             self.fail("template", f"question_end {t.question_end} differs from the template's "
                                   f"{canonical.question_end}")
         eot = chat.end_of_turn_id
-        vocabulary = chat.tokenizer.get_vocab()
-        control_ids = {vocabulary[token] for token in chat.control_tokens if token in vocabulary}
         own_end = 0  # end of the previous turn (its end-of-turn token included)
         canonical_end = 0
         for k, ((start, end), (c_start, c_end)) in enumerate(zip(spans, canonical.turn_spans)):
@@ -540,7 +538,7 @@ class _Checker:
                                           "is closed by one")
                 closed_end = end + 1
             policy, expected = ids[start:closed_end], canonical.input_ids[c_start:c_end]
-            if control_ids & set(policy[:-1]):
+            if chat.control_ids & set(policy[:-1]):
                 self.fail("template", f"turn {k}'s policy tokens contain a control token id "
                                       "before its end")
             # Same text in another split, or a control-token string spelled from ordinary
