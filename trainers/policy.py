@@ -204,7 +204,8 @@ def run_episode(env: gym.Env, policy: TransformersPolicy, task_index: int | None
         observation, reward, terminated, truncated, info = env.step(generated.text)
         done = terminated or truncated
         turns.append(Turn(kind=info["kind"], valid=bool(info["valid"]),
-                          assistant=builder.messages[-1]["content"], env_reply=observation or None,
+                          assistant=builder.messages[-1]["content"],
+                          env_reply=observation or None,
                           reason="" if info["valid"] else str(info["reason"]),
                           forced_final=bool(info.get("forced_final")) and done,
                           format_reward=reward if not info["valid"] else None))

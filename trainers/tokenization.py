@@ -407,10 +407,10 @@ class ConversationBuilder:
 
     The engine's ids are never re-encoded. `text` (the decoded turn, without the end-of-turn
     token) only feeds the template to compute the next reply's ids; control-token strings
-    that the engine spelled from ordinary tokens are defused in it
-    (`ChatTokenizer.defuse_control_tokens`), so `messages` then differ from the text. If the engine stopped
-    without the end-of-turn token (length limit), the builder closes the turn with it at mask
-    0: the template needs it, but the policy did not sample it. With such turns, or when the
+    the engine spelled from ordinary tokens are defused in it first
+    (`ChatTokenizer.defuse_control_tokens`), so `messages` then differ from the text. If the
+    engine stopped without the end-of-turn token (length limit), the builder closes the
+    turn with it at mask 0: the template needs it, but the policy did not sample it. With such turns, or when the
     engine picks a non-canonical split of its text, the ids differ from
     `tokenize_conversation(builder.messages)`; otherwise they are equal.
     """
