@@ -106,6 +106,22 @@ def test_no_reasoning_mentions_a_value_before_the_page_showing_it_was_read(world
                 assert not mentions(parse_turn(turn).think, hop["value"]), (task.id, turn)
 
 
+@pytest.mark.parametrize("style", ["varied", "plain"])
+def test_first_turn_decomposes_the_question_and_later_searches_restate_their_step(world, style):
+    observe = FakeObserver(world)
+    for task in (t for t in _sample(world) if t.hops >= 2):
+        turns = _episode(OracleAgent(task, rng_seed=3, style=style), observe)
+        clauses = [hop["goal"].removeprefix("Find ") for hop in task.gold_path]
+        plan = parse_turn(turns[0]).think
+        assert f"Step 1: {clauses[0]}." in plan, (task.id, plan)
+        for number, (hop, clause) in enumerate(zip(task.gold_path[1:], clauses[1:]), start=2):
+            # Unknown before reading: the plan names the entity by the step that finds it.
+            assert f"Step {number}: {clause.replace(hop['entity'], f'#{number - 1}')}." in plan
+            searches = [parse_turn(t) for t in turns if parse_turn(t).kind == "search"
+                        and parse_turn(t).tool_call.arguments["query"][0] == hop["entity"]]
+            assert searches and f"Step {number}: {clause}." in searches[0].think, task.id
+
+
 @pytest.mark.parametrize("hidden_hop", [0, -1])
 def test_does_not_claim_the_answer_when_a_hop_value_is_hidden(world, hidden_hop):
     for task in _sample(world, per_hop=4):
