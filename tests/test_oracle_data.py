@@ -109,3 +109,51 @@ def test_sft_config_names_its_oracle_data_and_refuses_an_unknown_mixture():
     config.data.mixture = "shrot"
     with pytest.raises(ValueError, match="shrot"):
         oracle_data_config(config)
+
+
+def test_recovery_examples_show_a_malformed_attempt_its_error_and_the_fix():
+    config = OracleDataConfig(num_episodes=12, seed=2, env_kwargs=ENV, mixture=SHORT_MIXTURE,
+                              recovery_prob=0.3)
+    trajectories = generate_oracle_trajectories(config)
+    tokenizer = build_chatml_tokenizer(world_texts(ENV)[:200], vocab_size=600)
+    chat = ChatTokenizer(tokenizer)
+    attempts = 0
+    for trajectory in tokenize_trajectories(trajectories, chat):
+        check_invariants(trajectory, tokenizer=chat)
+        assert trajectory.outcome == 1.0
+        messages = trajectory.messages
+        for k, (turn, (start, end)) in enumerate(zip(trajectory.turns, trajectory.turn_spans)):
+            at = [i for i, m in enumerate(messages) if m["role"] == "assistant"][k]
+            if turn.valid:
+                assert "weight" not in messages[at] and set(trajectory.loss_mask[start:end]) == {1}
+                continue
+            attempts += 1
+            # context only: weight 0, mask 0; the env's own error reply; then the real turn
+            assert messages[at]["weight"] == 0 and set(trajectory.loss_mask[start:end]) == {0}
+            assert "malformed" in messages[at + 1]["content"]
+            assert trajectory.turns[k + 1].valid
+    assert attempts >= 4
+    # the same seed without recovery: the same episodes with the attempts left out
+    plain = generate_oracle_trajectories(OracleDataConfig(
+        num_episodes=12, seed=2, env_kwargs=ENV, mixture=SHORT_MIXTURE))
+    for with_attempts, without in zip(trajectories, plain):
+        kept = [m for i, m in enumerate(with_attempts.messages)
+                if m.get("weight") != 0 and with_attempts.messages[i - 1].get("weight") != 0]
+        assert kept == without.messages
+    with pytest.raises(ValueError, match="recovery_prob"):
+        OracleDataConfig(recovery_prob=1.0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_malformation_is_rejected_by_the_protocol(seed):
+    import random
+
+    from trainers.data.oracle_data import malformed_version
+    from venus_gym.protocol import parse_turn
+    trajectory = generate_oracle_trajectories(OracleDataConfig(
+        num_episodes=1, seed=seed, env_kwargs=ENV, mixture=SHORT_MIXTURE))[0]
+    rng = random.Random(seed)
+    for turn in trajectory.turns:
+        broken = malformed_version(turn.assistant, rng)
+        assert broken is not None and broken != turn.assistant
+        assert not parse_turn(broken).valid

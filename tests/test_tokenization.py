@@ -73,8 +73,7 @@ NO_END_OF_TURN_TEMPLATE = CHATML_TEMPLATE.replace(
 
 
 # --- fixtures ------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def local_tokenizer() -> Any:
+def _local_corpus() -> list[str]:
     corpus = [
         render_system_prompt(),
         format_tool_turn("I should search.", "search", {"query": ["Ada Lovelace birthplace"]}),
@@ -82,7 +81,22 @@ def local_tokenizer() -> Any:
         format_tool_response("1. [Ada Lovelace](https://venus.world/wiki/Ada)\nA mathematician."),
         "Ada Lovelace was born in London. The capital of France is Paris.",
     ]
-    return build_chatml_tokenizer(corpus * 3, vocab_size=512)
+    return corpus * 3
+
+
+@pytest.fixture(scope="module")
+def local_tokenizer() -> Any:
+    return build_chatml_tokenizer(_local_corpus(), vocab_size=512)
+
+
+@pytest.fixture(scope="module")
+def words_tokenizer() -> Any:
+    return build_chatml_tokenizer(_local_corpus(), vocab_size=512, pretokenizer="words")
+
+
+@pytest.fixture(scope="module", params=["local", "words"])
+def any_local_tokenizer(request: pytest.FixtureRequest) -> Any:
+    return request.getfixturevalue(f"{request.param}_tokenizer")
 
 
 @pytest.fixture(scope="module")
@@ -477,15 +491,15 @@ def _conversations(draw: st.DrawFn) -> list[dict[str, str]]:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(messages=_conversations())
-def test_masks_stay_exact_for_arbitrary_content(local_tokenizer: Any,
+def test_masks_stay_exact_for_arbitrary_content(any_local_tokenizer: Any,
                                                 messages: list[dict[str, str]]) -> None:
     assume(not any(token in m["content"] for m in messages
                    for token in (IM_START_TOKEN, IM_END_TOKEN, PAD_TOKEN)))
-    chat = ChatTokenizer(local_tokenizer)
+    chat = ChatTokenizer(any_local_tokenizer)
     result = chat.tokenize(messages)
-    assert_exact_masks(local_tokenizer, messages, result)
+    assert_exact_masks(any_local_tokenizer, messages, result)
     first_reply = 2 if messages[0]["role"] == "system" else 1
-    assert build_incrementally(local_tokenizer, chat, messages, first_reply).finish() == result
+    assert build_incrementally(any_local_tokenizer, chat, messages, first_reply).finish() == result
 
 
 # --- the local tokenizer and tiny models ---------------------------------------------
@@ -502,6 +516,52 @@ def test_local_tokenizer_tokens(local_tokenizer: Any) -> None:
     assert decode(local_tokenizer, local_tokenizer.encode(text, add_special_tokens=False)) == text
     assert len(local_tokenizer.encode("\n\n", add_special_tokens=False)) == 2
     assert len(local_tokenizer) == 512 + len(PROTOCOL_TAGS)
+
+
+def test_words_pretokenizer_keeps_a_names_ids_wherever_it_stands(
+        local_tokenizer: Any, words_tokenizer: Any) -> None:
+    # The name as a query, a URL, an answer line and mid-sentence: "words" gives the same
+    # ids in all four places (a verbatim copy), GPT-2 style byte-level does not.
+    contexts = ['{"query": ["Ada Lovelace"]}', "https://venus.world/wiki/Ada_Lovelace",
+                "<answer>\nAda Lovelace", "born to Ada Lovelace in"]
+
+    def holds_word(tokenizer: Any, text: str, word: str) -> bool:
+        ids, word_ids = tokenizer.encode(text, add_special_tokens=False), \
+            tokenizer.encode(word, add_special_tokens=False)
+        return any(ids[i:i + len(word_ids)] == word_ids for i in range(len(ids)))
+
+    for word in ("Ada", "Lovelace"):
+        assert all(holds_word(words_tokenizer, c, word) for c in contexts), word
+    assert not all(holds_word(local_tokenizer, c, "Lovelace") for c in contexts), \
+        "the contrast this option exists for has disappeared"
+    for text in contexts + ["naïve 日本語 🙂 \x00\t\r\n\n  end", "3,200 km; it's 10%."]:
+        assert decode(words_tokenizer, words_tokenizer.encode(text, add_special_tokens=False)) \
+            == text
+
+
+def test_unknown_pretokenizer_is_refused() -> None:
+    with pytest.raises(ValueError, match="pretokenizer must be one of"):
+        build_chatml_tokenizer(["text"], vocab_size=300, pretokenizer="gpt2")
+
+
+def test_weight_zero_assistant_message_keeps_its_span_with_mask_zero(local_tokenizer: Any) -> None:
+    messages = [{"role": "user", "content": "Where was Ada born?"},
+                {"role": "assistant", "content": "<think>\nSearch first."},
+                {"role": "user", "content": "malformed"},
+                {"role": "assistant", "content": "<think>\nok\n</think>\n<answer>\nLondon\n</answer>"}]
+    chat = ChatTokenizer(local_tokenizer)
+    trained = chat.tokenize(messages)
+    untrained = chat.tokenize([messages[0], {**messages[1], "weight": 0}, *messages[2:]])
+    assert untrained.input_ids == trained.input_ids and untrained.turn_spans == trained.turn_spans
+    (s0, e0), (s1, e1) = untrained.turn_spans
+    assert set(untrained.loss_mask[s0:e0]) == {0} and set(trained.loss_mask[s0:e0]) == {1}
+    assert untrained.loss_mask[s1:e1] == trained.loss_mask[s1:e1] == [1] * (e1 - s1)
+    assert chat.tokenize([messages[0], {**messages[1], "weight": 1}, *messages[2:]]) == trained
+    for bad in ({**messages[1], "weight": 0.5}, {**messages[1], "weight": False}):
+        with pytest.raises(ChatTokenizationError, match="'weight' must be 0 or 1"):
+            chat.tokenize([messages[0], bad, *messages[2:]])
+    with pytest.raises(ChatTokenizationError, match="only on an assistant"):
+        chat.tokenize([{**messages[0], "weight": 0}, *messages[1:]])
 
 
 def test_local_tokenizer_vocab_size_floor() -> None:

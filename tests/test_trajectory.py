@@ -7,6 +7,7 @@ local ChatML tokenizer), breaks exactly one rule, and checks that the checker na
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -147,6 +148,46 @@ def test_policy_token_with_mask_zero_is_caught(good_trajectory: Trajectory) -> N
         assert t.loss_mask is not None and t.turn_spans is not None
         t.loss_mask[t.turn_spans[2][0]] = 0
     assert_breaks(broken(good_trajectory, unmask), "mask_spans")
+
+
+def _untrained_broken_turn(good: Trajectory, chat: ChatTokenizer) -> Trajectory:
+    """The good trajectory as SFT data whose malformed turn is kept as context (weight 0)."""
+    messages = copy.deepcopy(good.messages)
+    at = [i for i, m in enumerate(messages) if m["role"] == "assistant"][1]
+    messages[at]["weight"] = 0
+    turns = [dataclasses.replace(turn, format_reward=None) for turn in good.turns]
+    text = Trajectory(id="sft-2", messages=messages, turns=turns)
+    return text.with_tokens(chat.tokenize(messages))
+
+
+def test_untrained_turn_is_masked_and_passes(good_trajectory: Trajectory,
+                                             chat: ChatTokenizer) -> None:
+    sft = _untrained_broken_turn(good_trajectory, chat)
+    check_invariants(sft, chat)
+    assert sft.input_ids == good_trajectory.input_ids
+    assert sft.turn_spans == good_trajectory.turn_spans
+    assert sft.loss_mask is not None and good_trajectory.loss_mask is not None
+    start, end = sft.turn_spans[1]
+    assert set(sft.loss_mask[start:end]) == {0}
+    assert [m for i, m in enumerate(sft.loss_mask) if not start <= i < end] == \
+        [m for i, m in enumerate(good_trajectory.loss_mask) if not start <= i < end]
+
+
+def test_trained_token_in_an_untrained_turn_is_caught(good_trajectory: Trajectory,
+                                                      chat: ChatTokenizer) -> None:
+    def train_it(t: Trajectory) -> None:
+        assert t.loss_mask is not None and t.turn_spans is not None
+        t.loss_mask[t.turn_spans[1][0]] = 1
+    assert_breaks(broken(_untrained_broken_turn(good_trajectory, chat), train_it), "mask_spans")
+
+
+@pytest.mark.parametrize("where, weight", [("assistant", 2), ("assistant", True),
+                                           ("user", 0)])
+def test_bad_message_weight_is_caught(good_trajectory: Trajectory, where: str,
+                                      weight: Any) -> None:
+    def weigh(t: Trajectory) -> None:
+        next(m for m in t.messages[1:] if m["role"] == where)["weight"] = weight
+    assert_breaks(broken(good_trajectory, weigh), "messages")
 
 
 def test_shifted_span_is_caught(good_trajectory: Trajectory, tokenizer: Any) -> None:

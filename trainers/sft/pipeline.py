@@ -37,12 +37,12 @@ MIXTURES = {"default": DEFAULT_MIXTURE, "short": SHORT_MIXTURE, "plain": PLAIN_M
 
 
 @functools.lru_cache(maxsize=4)
-def _world_tokenizer(vocab_size: int, world_size: int | None, world_seeds: tuple[int, ...]
-                     ) -> Any:
+def _world_tokenizer(vocab_size: int, world_size: int | None, world_seeds: tuple[int, ...],
+                     pretokenizer: str = "bytelevel") -> Any:
     size = {} if world_size is None else {"world_size": world_size}  # None: the env default
     texts = [text for seed in world_seeds
              for text in world_texts({**size, "world_seed": seed})]
-    return build_chatml_tokenizer(texts, vocab_size=vocab_size)
+    return build_chatml_tokenizer(texts, vocab_size=vocab_size, pretokenizer=pretokenizer)
 
 
 def build_tokenizer(model_config: ModelConfig, env_kwargs: dict[str, Any],
@@ -52,7 +52,8 @@ def build_tokenizer(model_config: ModelConfig, env_kwargs: dict[str, Any],
     (vocab size, worlds) within the process."""
     if model_config.tokenizer == "world":
         seeds = tuple(world_seeds) or (env_kwargs.get("world_seed", 0),)
-        return _world_tokenizer(model_config.vocab_size, env_kwargs.get("world_size"), seeds)
+        return _world_tokenizer(model_config.vocab_size, env_kwargs.get("world_size"), seeds,
+                                model_config.pretokenizer)
     if model_config.tokenizer == "model":
         if model_config.name == "smollm2":
             return load_smollm2(tokenizer_only=True)[0]
@@ -101,7 +102,8 @@ def oracle_data_config(config: SFTExperimentConfig) -> OracleDataConfig:
                          f"{config.data.mixture!r}")
     return OracleDataConfig(num_episodes=config.data.num_episodes, seed=config.data.seed,
                             env_kwargs=config.env_kwargs(), mixture=MIXTURES[config.data.mixture],
-                            world_seeds=tuple(config.data.world_seeds))
+                            world_seeds=tuple(config.data.world_seeds),
+                            recovery_prob=config.data.recovery_prob)
 
 
 def build_samples(config: SFTExperimentConfig, chat: ChatTokenizer) -> list[SFTSample]:
