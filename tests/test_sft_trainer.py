@@ -137,7 +137,7 @@ def test_yaml_config_round_trip(tmp_path):
         load_config(path)
 
 
-@pytest.mark.parametrize("name", ["sft_tiny", "sft_tiny512", "sft_tiny512_more"])
+@pytest.mark.parametrize("name", ["sft_tiny", "sft_tiny512", "sft_tiny512_more", "sft_words"])
 def test_example_config_names_its_command(name):
     from pathlib import Path
 
