@@ -136,10 +136,10 @@ def malformed_version(turn: str, rng: random.Random) -> str | None:
             broken = turn[:cut] + (" " + words[-1]) * rng.randint(8, 40) if words else turn[:cut]
         else:
             body_start = turn.find("{")
-            quotes = [i for i, ch in enumerate(turn) if ch in '"{}:,' and i > body_start]
-            if body_start < 0 or not quotes:
+            if body_start < 0:
                 continue
-            drop = rng.choice(quotes)
+            punctuation = [i for i, ch in enumerate(turn) if ch in '"{}:,' and i > body_start]
+            drop = rng.choice(punctuation) if punctuation else body_start
             broken = turn[:drop] + turn[drop + 1:]
         if not parse_turn(broken).valid:
             return broken
