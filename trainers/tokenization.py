@@ -138,6 +138,17 @@ def _unwrap_ids(rendered: Any) -> list[int]:
     return [int(token_id) for token_id in rendered]
 
 
+def weight_problem(message: Message) -> str | None:
+    """Why `message`'s training weight is not allowed, or None (absent, or 0/1 on an
+    assistant message)."""
+    if WEIGHT_KEY not in message:
+        return None
+    weight = message[WEIGHT_KEY]
+    if message.get("role") != ASSISTANT_ROLE or isinstance(weight, bool) or weight not in (0, 1):
+        return f"'{WEIGHT_KEY}' must be 0 or 1 and only on an assistant message, got {weight!r}"
+    return None
+
+
 def turn_weights(messages: Sequence[Message]) -> list[int]:
     """Each assistant message's training weight, in order: 1 unless it says `"weight": 0`."""
     return [int(m.get(WEIGHT_KEY, 1)) for m in messages if m.get("role") == ASSISTANT_ROLE]
@@ -209,11 +220,9 @@ class ChatTokenizer:
                 raise ChatTokenizationError(
                     f"message {index} ({role}): 'content' must be a string, got "
                     f"{type(content).__name__}")
-            if WEIGHT_KEY in message and (role != ASSISTANT_ROLE or isinstance(
-                    message[WEIGHT_KEY], bool) or message[WEIGHT_KEY] not in (0, 1)):
-                raise ChatTokenizationError(
-                    f"message {index} ({role}): '{WEIGHT_KEY}' must be 0 or 1 and only on an "
-                    f"assistant message, got {message[WEIGHT_KEY]!r}")
+            problem = weight_problem(message)
+            if problem:
+                raise ChatTokenizationError(f"message {index} ({role}): {problem}")
             for token in self.control_tokens:
                 if token in content:
                     raise ChatTokenizationError(

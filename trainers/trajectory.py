@@ -39,11 +39,11 @@ from typing import Any
 
 from trainers.tokenization import (
     ASSISTANT_ROLE,
-    WEIGHT_KEY,
     ChatTokenizationError,
     ChatTokenizer,
     TokenizedConversation,
     turn_weights,
+    weight_problem,
 )
 from venus_gym.corpus import read_records, write_jsonl
 
@@ -375,11 +375,9 @@ class _Checker:
         for index, message in enumerate(self.t.messages):
             if not (isinstance(message.get("role"), str) and isinstance(message.get("content"), str)):
                 self.fail("messages", f"message {index} needs string 'role' and 'content'")
-            weight = message.get(WEIGHT_KEY, 1)
-            if weight not in (0, 1) or isinstance(weight, bool) or (
-                    WEIGHT_KEY in message and message["role"] != ASSISTANT_ROLE):
-                self.fail("messages", f"message {index} has {WEIGHT_KEY}={weight!r}; it must be 0 "
-                                      "or 1 and only on an assistant message")
+            problem = weight_problem(message)
+            if problem:
+                self.fail("messages", f"message {index}: {problem}")
 
     def check_turns(self) -> None:
         turns = self.t.turns
