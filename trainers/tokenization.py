@@ -149,9 +149,14 @@ def weight_problem(message: Message) -> str | None:
     return None
 
 
+def message_weight(message: Message) -> int:
+    """An assistant message's training weight: 1 unless it says `"weight": 0`."""
+    return int(message.get(WEIGHT_KEY, 1))
+
+
 def turn_weights(messages: Sequence[Message]) -> list[int]:
-    """Each assistant message's training weight, in order: 1 unless it says `"weight": 0`."""
-    return [int(m.get(WEIGHT_KEY, 1)) for m in messages if m.get("role") == ASSISTANT_ROLE]
+    """Each assistant message's training weight (message_weight), in order."""
+    return [message_weight(m) for m in messages if m.get("role") == ASSISTANT_ROLE]
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
@@ -267,8 +272,7 @@ class ChatTokenizer:
                 start = len(prompted)
                 end = self._end_of_turn(rendered, start, index) + 1
                 spans.append((start, end))
-                trained = int(message.get(WEIGHT_KEY, 1))
-                mask += [0] * (start - len(ids)) + [trained] * (end - start) \
+                mask += [0] * (start - len(ids)) + [message_weight(message)] * (end - start) \
                     + [0] * (len(rendered) - end)
             else:
                 rendered = self.render(messages[: index + 1])

@@ -288,7 +288,7 @@ class OracleAgent:
             yield from self._detour_point(hop)
             key = "search" if i == 0 else "next_search"
             opening = self._say(key, entity=hop.entity, clause=hop.clause,
-                                step=f"Step {i + 1}: {hop.clause}.")
+                                step=_step(i, hop.clause))
             observation = yield self._tool("search", {"query": self._queries(hop)}, opening)
             self._remember_links(observation)
             url_seen = _has(observation, hop.url)
@@ -336,7 +336,7 @@ class OracleAgent:
             clause = hop.clause
             if i and hop.entity:
                 clause = clause.replace(hop.entity, f"#{i}")
-            steps.append(f"Step {i + 1}: {clause}.")
+            steps.append(_step(i, clause))
         return " ".join(steps)
 
     def _conclusion(self) -> tuple[str, str]:
@@ -478,6 +478,11 @@ class OracleAgent:
                      map(_trim_url, _BARE_URL.findall(observation))]
         for url, title in found:
             self._links.setdefault(url, title.strip())
+
+
+def _step(index: int, clause: str) -> str:
+    """One step of the plan as the oracle writes it, in the plan and when it starts the step."""
+    return f"Step {index + 1}: {clause}."
 
 
 def _plan(task: Task) -> list[_Hop]:
