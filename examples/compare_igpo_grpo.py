@@ -11,12 +11,17 @@ output/results.json) the mean and spread (sample standard deviation) of held-out
 format-error rate and browse ratio per algorithm, and every run's numbers.
 
 The evaluation is the same for all runs and is not tuned per algorithm.
+
+A run whose directory already holds a finished evaluation (eval.json with "after") is read
+back instead of trained again, so a comparison can be extended seed by seed (pass --rerun to
+train every run afresh). A half-finished run is trained again from its start.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import statistics
@@ -41,6 +46,23 @@ def spread(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(finite), (statistics.stdev(finite) if len(finite) > 1 else 0.0)
 
 
+def finished_run(run_dir: Path) -> tuple[dict, dict] | None:
+    """(before, after) of a run that finished its evaluation in `run_dir`, else None. `after`
+    gains train_accuracy_last3 from the run's metrics file; the run's wall time is unknown."""
+    eval_file = run_dir / "eval.json"
+    if not eval_file.is_file():
+        return None
+    saved = json.loads(eval_file.read_text())
+    if not saved.get("after"):
+        return None
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if line.strip()]
+    after = dict(saved["after"])
+    after["train_accuracy_last3"] = statistics.fmean(s["accuracy"] for s in steps[-3:])
+    after["seconds"] = float("nan")
+    return saved.get("before") or {}, after
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sft-model", default="runs/demo/sft/final")
@@ -48,6 +70,8 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=["igpo", "grpo"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--output", default="runs/compare")
+    parser.add_argument("--rerun", action="store_true",
+                        help="train every run even if its directory holds a finished one")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     output = Path(args.output)
@@ -65,8 +89,15 @@ def main() -> None:
                                                    if name == "igpo" else
                                                    {"loss": base.algorithm.options.get(
                                                        "loss", {})})
-            config.run = dataclasses.replace(base.run, seed=seed,
-                                             output_dir=str(output / f"{name}-seed{seed}"))
+            run_dir = output / f"{name}-seed{seed}"
+            finished = None if args.rerun else finished_run(run_dir)
+            if finished is not None:
+                saved_before, after = finished
+                before = before or saved_before
+                runs[name].append(after)
+                print(f"{name} seed {seed}: read back from {run_dir}", flush=True)
+                continue
+            config.run = dataclasses.replace(base.run, seed=seed, output_dir=str(run_dir))
             config.eval = dataclasses.replace(base.eval, before=not before)
             started = time.perf_counter()
             result = train(config)

@@ -1,0 +1,45 @@
+"""examples/compare_igpo_grpo.py reads a finished run back instead of training it again."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "compare_igpo_grpo.py"
+
+
+@pytest.fixture(scope="module")
+def compare():
+    spec = importlib.util.spec_from_file_location("compare_igpo_grpo", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_run(run_dir: Path, eval_payload: dict | None, accuracies: list[float]) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "accuracy": a}) + "\n" for i, a in enumerate(accuracies)))
+    if eval_payload is not None:
+        (run_dir / "eval.json").write_text(json.dumps(eval_payload))
+
+
+def test_a_finished_run_is_read_back_with_its_training_accuracy(compare, tmp_path):
+    _write_run(tmp_path / "igpo-seed1",
+               {"before": {"pass@1": 0.1}, "after": {"pass@1": 0.25, "browse_ratio": 0.4}},
+               [0.9, 0.0, 0.5, 1.0])
+    before, after = compare.finished_run(tmp_path / "igpo-seed1")
+    assert before == {"pass@1": 0.1}
+    assert after["pass@1"] == 0.25 and after["browse_ratio"] == 0.4
+    assert after["train_accuracy_last3"] == pytest.approx(0.5)  # the last three steps only
+
+
+def test_a_run_without_a_finished_evaluation_is_trained_again(compare, tmp_path):
+    _write_run(tmp_path / "killed", None, [0.1])
+    _write_run(tmp_path / "no-after", {"before": {"pass@1": 0.1}, "after": {}}, [0.1])
+    assert compare.finished_run(tmp_path / "killed") is None
+    assert compare.finished_run(tmp_path / "no-after") is None
+    assert compare.finished_run(tmp_path / "missing") is None
