@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from trainers.data.oracle_data import (
@@ -109,6 +111,25 @@ def test_sft_config_names_its_oracle_data_and_refuses_an_unknown_mixture():
     config.data.mixture = "shrot"
     with pytest.raises(ValueError, match="shrot"):
         oracle_data_config(config)
+
+
+def test_plan_steps_setting_reaches_the_written_episodes():
+    from trainers.sft.config import SFTExperimentConfig, from_dict
+    from trainers.sft.pipeline import oracle_data_config
+
+    config = from_dict(SFTExperimentConfig, {"data": {"mixture": "short", "num_episodes": 4,
+                                                      "plan_steps": False}})
+    data = oracle_data_config(config)
+    assert data.plan_steps is False
+    texts = {}
+    for plan_steps in (True, False):
+        episodes = generate_oracle_trajectories(dataclasses.replace(
+            data, env_kwargs=ENV, plan_steps=plan_steps))
+        assert episodes and all(t.metadata["plan_steps"] is plan_steps for t in episodes)
+        texts[plan_steps] = [m["content"] for t in episodes for m in t.messages
+                             if m["role"] == "assistant"]
+    assert any("Step 1:" in text for text in texts[True])
+    assert not any("Step " in text for text in texts[False])
 
 
 def test_recovery_examples_show_a_malformed_attempt_its_error_and_the_fix():

@@ -122,6 +122,20 @@ def test_first_turn_decomposes_the_question_and_later_searches_restate_their_ste
             assert searches and f"Step {number}: {clause}." in searches[0].think, task.id
 
 
+@pytest.mark.parametrize("style", ["varied", "plain"])
+def test_without_plan_steps_the_same_actions_are_written_without_steps(world, style):
+    for task in _sample(world):
+        with_steps = _episode(OracleAgent(task, rng_seed=4, style=style), FakeObserver(world))
+        without = _episode(OracleAgent(task, rng_seed=4, style=style, plan_steps=False),
+                           FakeObserver(world))
+        assert [parse_turn(t).tool_call for t in without] == \
+            [parse_turn(t).tool_call for t in with_steps], task.id
+        assert any("Step 1:" in parse_turn(t).think for t in with_steps), task.id
+        for turn in without:
+            think = parse_turn(turn).think
+            assert "Step " not in think and "  " not in think and think == think.strip(), turn
+
+
 @pytest.mark.parametrize("hidden_hop", [0, -1])
 def test_does_not_claim_the_answer_when_a_hop_value_is_hidden(world, hidden_hop):
     for task in _sample(world, per_hop=4):

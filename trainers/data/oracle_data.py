@@ -96,6 +96,8 @@ class OracleDataConfig:
     world_seeds: play in these synthetic worlds instead of env_kwargs' own (the episodes are
     split evenly over them, in order). Training on worlds other than the evaluation world
     means no held-out entity was ever seen: a model can only answer by reading.
+    recovery_prob: see the module docstring. plan_steps: the oracle writes its step plan
+    (OracleAgent).
     """
 
     num_episodes: int = 200
@@ -105,6 +107,7 @@ class OracleDataConfig:
     keep_only_correct: bool = True
     world_seeds: Sequence[int] = ()
     recovery_prob: float = 0.0
+    plan_steps: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.recovery_prob < 1.0:
@@ -156,14 +159,16 @@ def _room_for_a_mistake(base: Any, broken: str) -> bool:
 
 def run_oracle_episode(env: gym.Env, task_index: int, agent_seed: int,
                        mixture: OracleMixture, target_turns: int | None,
-                       trajectory_id: str, recovery_prob: float = 0.0) -> Trajectory:
+                       trajectory_id: str, recovery_prob: float = 0.0,
+                       plan_steps: bool = True) -> Trajectory:
     """Play one oracle episode on task `task_index` and record it as a text Trajectory.
-    recovery_prob: the chance that a turn is first tried malformed (module docstring)."""
+    recovery_prob: the chance that a turn is first tried malformed (module docstring).
+    plan_steps: the oracle writes its step plan (OracleAgent)."""
     base = env.unwrapped
     observation, info = env.reset(seed=agent_seed, options={"task_index": task_index})
     task = base.task
     agent = OracleAgent(task, rng_seed=agent_seed, detour_prob=mixture.detour_prob,
-                        target_turns=target_turns, style=mixture.style)
+                        target_turns=target_turns, style=mixture.style, plan_steps=plan_steps)
     messages: list[dict[str, Any]] = [{"role": "system", "content": base.system_prompt},
                                       {"role": "user", "content": observation}]
     turns: list[Turn] = []
@@ -201,7 +206,8 @@ def run_oracle_episode(env: gym.Env, task_index: int, agent_seed: int,
         answers=list(task.answers), turns=turns, outcome=outcome,
         metadata={"source": "oracle", "hops": task.hops, "agent_seed": agent_seed,
                   "detour_prob": mixture.detour_prob, "target_turns": target_turns,
-                  "style": mixture.style, "recovery_prob": recovery_prob})
+                  "style": mixture.style, "recovery_prob": recovery_prob,
+                  "plan_steps": plan_steps})
 
 
 def generate_oracle_trajectories(config: OracleDataConfig) -> list[Trajectory]:
@@ -247,7 +253,8 @@ def _episodes_in_world(config: OracleDataConfig, env_kwargs: dict[str, Any],
         agent_seed = rng.randrange(1 << 30)
         trajectory = run_oracle_episode(env, task_index, agent_seed, component, target,
                                         trajectory_id=f"oracle-{config.seed}-{episode:06d}",
-                                        recovery_prob=config.recovery_prob)
+                                        recovery_prob=config.recovery_prob,
+                                        plan_steps=config.plan_steps)
         if config.keep_only_correct and trajectory.outcome != 1.0:
             continue
         trajectories.append(trajectory)

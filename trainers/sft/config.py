@@ -65,6 +65,10 @@ class DataConfig:
     recovery_prob: float = _help("Chance that an oracle turn is first tried malformed: the "
                                  "attempt (weight 0, not trained on) and the env's error reply "
                                  "precede the turn, so the model learns to recover.", 0.0)
+    plan_steps: bool = _help("The oracle's first turn decomposes the question into steps "
+                             "('Step 1: ... Step 2: ...') and later searches restate theirs. "
+                             "Helps a long run map questions to relations; a short run "
+                             "(the demo's 450 steps) learns the plain wording faster.", True)
     max_seq_len: int = _help("Packed row length (tokens); longer samples are truncated.", 2048)
     packing: bool = _help("Pack samples into rows of max_seq_len (block-diagonal attention); "
                           "False pads each sample to the longest of its micro-batch.", True)

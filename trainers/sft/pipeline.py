@@ -103,7 +103,8 @@ def oracle_data_config(config: SFTExperimentConfig) -> OracleDataConfig:
     return OracleDataConfig(num_episodes=config.data.num_episodes, seed=config.data.seed,
                             env_kwargs=config.env_kwargs(), mixture=MIXTURES[config.data.mixture],
                             world_seeds=tuple(config.data.world_seeds),
-                            recovery_prob=config.data.recovery_prob)
+                            recovery_prob=config.data.recovery_prob,
+                            plan_steps=config.data.plan_steps)
 
 
 def build_samples(config: SFTExperimentConfig, chat: ChatTokenizer) -> list[SFTSample]:
