@@ -12,9 +12,10 @@ format-error rate and browse ratio per algorithm, and every run's numbers.
 
 The evaluation is the same for all runs and is not tuned per algorithm.
 
-A run whose directory already holds a finished evaluation (eval.json with "after") is read
-back instead of trained again, so a comparison can be extended seed by seed (pass --rerun to
-train every run afresh). A half-finished run is trained again from its start.
+A run whose directory already holds a finished evaluation (eval.json with "after") of the
+same settings is read back instead of trained again, so a comparison can be extended seed by
+seed (pass --rerun to train every run afresh; a finished run with other settings stops the
+script). A half-finished run is trained again from its start.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainers.rl.config import load_rl_config  # noqa: E402
+from trainers.rl.config import load_rl_config, rl_config_to_dict  # noqa: E402
 from trainers.rl.driver import train  # noqa: E402
 from trainers.rl.metrics import dumps_json  # noqa: E402
 
@@ -46,21 +47,42 @@ def spread(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(finite), (statistics.stdev(finite) if len(finite) > 1 else 0.0)
 
 
-def finished_run(run_dir: Path) -> tuple[dict, dict] | None:
+def finished_run(run_dir: Path, config: dict | None = None) -> tuple[dict, dict] | None:
     """(before, after) of a run that finished its evaluation in `run_dir`, else None. `after`
-    gains train_accuracy_last3 from the run's metrics file; the run's wall time is unknown."""
+    gains train_accuracy_last3 from the run's metrics file; the run's wall time is unknown.
+    With `config` (the run's config as a dict), a finished run trained with other settings
+    is refused by name rather than mixed into the comparison (whether it evaluated the
+    start, eval.before, may differ)."""
     eval_file = run_dir / "eval.json"
     if not eval_file.is_file():
         return None
     saved = json.loads(eval_file.read_text())
     if not saved.get("after"):
         return None
+    if config is not None:
+        differ = _differences(json.loads((run_dir / "config.json").read_text()), config)
+        differ = [key for key in differ if key != "eval.before"]
+        if differ:
+            raise SystemExit(f"{run_dir} holds a finished run with other settings "
+                             f"({', '.join(differ)}): pass --rerun, or another --output")
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
              if line.strip()]
     after = dict(saved["after"])
     after["train_accuracy_last3"] = statistics.fmean(s["accuracy"] for s in steps[-3:])
     after["seconds"] = float("nan")
     return saved.get("before") or {}, after
+
+
+def _differences(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested config dicts."""
+    keys = []
+    for key in sorted(set(saved) | set(wanted)):
+        a, b = saved.get(key), wanted.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            keys.append(f"{prefix}{key}")
+    return keys
 
 
 def main() -> None:
@@ -90,15 +112,16 @@ def main() -> None:
                                                    {"loss": base.algorithm.options.get(
                                                        "loss", {})})
             run_dir = output / f"{name}-seed{seed}"
-            finished = None if args.rerun else finished_run(run_dir)
+            config.run = dataclasses.replace(base.run, seed=seed, output_dir=str(run_dir))
+            config.eval = dataclasses.replace(base.eval, before=not before)
+            finished = None if args.rerun else finished_run(
+                run_dir, json.loads(dumps_json(rl_config_to_dict(config))))
             if finished is not None:
                 saved_before, after = finished
                 before = before or saved_before
                 runs[name].append(after)
                 print(f"{name} seed {seed}: read back from {run_dir}", flush=True)
                 continue
-            config.run = dataclasses.replace(base.run, seed=seed, output_dir=str(run_dir))
-            config.eval = dataclasses.replace(base.eval, before=not before)
             started = time.perf_counter()
             result = train(config)
             if not before:

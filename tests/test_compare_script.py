@@ -19,8 +19,13 @@ def compare():
     return module
 
 
+CONFIG = {"policy": {"path": "runs/sft/final"}, "run": {"seed": 1, "steps": 5},
+          "eval": {"before": True, "num_tasks": 0}}
+
+
 def _write_run(run_dir: Path, eval_payload: dict | None, accuracies: list[float]) -> None:
     run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(CONFIG))
     (run_dir / "metrics.jsonl").write_text("".join(
         json.dumps({"step": i, "accuracy": a}) + "\n" for i, a in enumerate(accuracies)))
     if eval_payload is not None:
@@ -43,3 +48,12 @@ def test_a_run_without_a_finished_evaluation_is_trained_again(compare, tmp_path)
     assert compare.finished_run(tmp_path / "killed") is None
     assert compare.finished_run(tmp_path / "no-after") is None
     assert compare.finished_run(tmp_path / "missing") is None
+
+
+def test_a_finished_run_with_other_settings_is_refused_by_name(compare, tmp_path):
+    _write_run(tmp_path / "run", {"before": {}, "after": {"pass@1": 0.2}}, [0.0])
+    same_but_before = {**CONFIG, "eval": {"before": False, "num_tasks": 0}}
+    assert compare.finished_run(tmp_path / "run", same_but_before)[1]["pass@1"] == 0.2
+    other = {**CONFIG, "run": {"seed": 1, "steps": 50}, "policy": {"path": "elsewhere"}}
+    with pytest.raises(SystemExit, match=r"policy\.path, run\.steps"):
+        compare.finished_run(tmp_path / "run", other)
