@@ -34,7 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainers.rl.config import load_rl_config, rl_config_to_dict  # noqa: E402
 from trainers.rl.driver import train  # noqa: E402
-from trainers.rl.metrics import dumps_json  # noqa: E402
+from trainers.rl.metrics import (  # noqa: E402
+    CONFIG_FILE,
+    METRICS_FILE,
+    dumps_json,
+    read_metrics,
+)
 
 KEYS = ("pass@1", "format_error_rate", "browse_ratio", "browse_ratio_correct",
         "browse_ratio_wrong", "mean_turns")
@@ -60,13 +65,12 @@ def finished_run(run_dir: Path, config: dict | None = None) -> tuple[dict, dict]
     if not saved.get("after"):
         return None
     if config is not None:
-        differ = _differences(json.loads((run_dir / "config.json").read_text()), config)
+        differ = _differences(json.loads((run_dir / CONFIG_FILE).read_text()), config)
         differ = [key for key in differ if key != "eval.before"]
         if differ:
             raise SystemExit(f"{run_dir} holds a finished run with other settings "
                              f"({', '.join(differ)}): pass --rerun, or another --output")
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-             if line.strip()]
+    steps = read_metrics(run_dir / METRICS_FILE)
     after = dict(saved["after"])
     after["train_accuracy_last3"] = statistics.fmean(s["accuracy"] for s in steps[-3:])
     after["seconds"] = float("nan")
