@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
+from venus_gym.protocol import PROMPT_STYLES
+
 
 def _f(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
@@ -62,6 +64,9 @@ class DeepResearchConfig:
     # --- presentation --------------------------------------------------------------------
     date: str = _f("2025-01-01", "Date written into the system prompt (fixed for "
                    "reproducibility).")
+    prompt_style: str = _f("full", "System prompt: 'full' (DR-Venus's, with the tools' JSON "
+                           "schemas) or 'compact' (the same rules in ~80 words, for tiny "
+                           "models trained from scratch; train and run with the same style).")
     reveal_answer_in_info: bool = _f(False, "Put the gold answers in `info` (for scripted "
                                      "agents and analysis; never show them to a policy).")
     max_action_chars: int = _f(1_000_000, "Action space: longest accepted turn in characters.")
@@ -102,6 +107,8 @@ class DeepResearchConfig:
             (self.max_action_chars >= 1, "max_action_chars must be >= 1"),
             (self.max_observation_chars >= 1000, "max_observation_chars must be >= 1000 "
              "(the environment's own notices must fit)"),
+            (self.prompt_style in PROMPT_STYLES,
+             f"prompt_style must be one of {PROMPT_STYLES}, got {self.prompt_style!r}"),
             (set(self.tools) <= {"search", "visit"} and len(self.tools) > 0,
              "tools must be a non-empty subset of ('search', 'visit')"),
         ]

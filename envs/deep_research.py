@@ -100,12 +100,15 @@ class DeepResearchEnv(gym.Env[str, str]):
     max_context_tokens, max_turn_tokens, forced_final_answer, token_counter,
     reward_metric, format_penalty, tools, search_top_k, max_queries_per_call,
     max_urls_per_call, search_backend, retrieval_url, summarizer, summarizer_url,
-    summarizer_model, tool_timeout_s, tool_retries, date, reveal_answer_in_info,
+    summarizer_model, tool_timeout_s, tool_retries, date, prompt_style,
+    reveal_answer_in_info,
     max_action_chars, max_observation_chars, and `render_mode` ('ansi' or 'human').
 
     ## Version History
     - v0: initial release (DR-Venus turn format, search + visit tools, embedded world,
       HotpotQA variant).
+    - v0, `prompt_style` added (seventh session): 'compact' offers a short system prompt;
+      the default 'full' prompt and everything else are unchanged.
     """
 
     metadata = {"render_modes": ["ansi", "human"]}
@@ -123,7 +126,8 @@ class DeepResearchEnv(gym.Env[str, str]):
         self.toolbox = toolbox if toolbox is not None else build_toolbox(
             self.config, self.world, index)
         self.count_tokens = self.config.token_counter or approx_token_count
-        self.system_prompt = render_system_prompt(self.config.tools, date=self.config.date)
+        self.system_prompt = render_system_prompt(self.config.tools, date=self.config.date,
+                                                  style=self.config.prompt_style)
         self._system_tokens = self.count_tokens(self.system_prompt)
         self._max_tool_text_chars = (self.config.max_observation_chars
                                      - len(format_tool_response("")))

@@ -49,6 +49,22 @@ def test_reset_returns_question_and_prompt_has_tool_schemas():
     assert "gold_answers" not in info
 
 
+def test_compact_prompt_style_changes_only_the_system_prompt():
+    from venus_gym.protocol import render_system_prompt
+
+    full, compact = make(), make(prompt_style="compact", date="2029-01-01")
+    assert compact.system_prompt == render_system_prompt(("search", "visit"), "2029-01-01",
+                                                         style="compact")
+    obs_full, _ = full.reset(seed=5)
+    obs_compact, info = compact.reset(seed=5)
+    assert obs_compact == obs_full and info["system_prompt"] == compact.system_prompt
+    assert len(compact.system_prompt) < len(full.system_prompt) / 2
+    turn = search_turn(full.task.question.split()[-1].strip("?"))
+    assert compact.step(turn)[0] == full.step(turn)[0]
+    with pytest.raises(ValueError, match="prompt_style must be one of"):
+        make(prompt_style="short")
+
+
 def test_correct_answer_scores_one_and_terminates():
     env = make(reveal_answer_in_info=True)
     _, info = env.reset(seed=1)

@@ -132,6 +132,24 @@ def test_plan_steps_setting_reaches_the_written_episodes():
     assert not any("Step " in text for text in texts[False])
 
 
+def test_prompt_style_reaches_the_written_episodes_and_the_rl_env():
+    """An SFT config's env.prompt_style is the system prompt its oracle episodes are written
+    with, and the RL settings pass it to the environment (train and run with one style)."""
+    from trainers.rl.config import EnvSettings
+    from trainers.sft.config import SFTExperimentConfig, from_dict
+    from trainers.sft.pipeline import oracle_data_config
+    from venus_gym.protocol import render_system_prompt
+
+    config = from_dict(SFTExperimentConfig, {"data": {"mixture": "short", "num_episodes": 2},
+                                             "env": {"world_size": 300, "world_seed": 3,
+                                                     "prompt_style": "compact"}})
+    episodes = generate_oracle_trajectories(oracle_data_config(config))
+    compact = render_system_prompt(style="compact")
+    assert episodes and all(t.messages[0]["content"] == compact for t in episodes)
+    assert EnvSettings(prompt_style="compact").kwargs()["prompt_style"] == "compact"
+    assert EnvSettings().kwargs()["prompt_style"] == "full"
+
+
 def test_recovery_examples_show_a_malformed_attempt_its_error_and_the_fix():
     config = OracleDataConfig(num_episodes=12, seed=2, env_kwargs=ENV, mixture=SHORT_MIXTURE,
                               recovery_prob=0.3)

@@ -137,6 +137,25 @@ def test_system_prompt_rejects_unknown_or_missing_tools(tools):
         render_system_prompt(tools)
 
 
+def test_compact_system_prompt_states_the_same_rules_for_each_offered_tool():
+    full, compact = render_system_prompt(), render_system_prompt(style="compact")
+    assert len(compact) < len(full) / 2
+    for rule in ("<think></think>", "<tool_call>\n", "\n</tool_call>", "<answer>\n...\n</answer>"):
+        assert rule in compact
+    assert '- search {"query": [str]}:' in compact
+    assert '- visit {"url": [str], "goal": str}:' in compact
+    assert compact.endswith("Current date: 2025-01-01")
+    assert render_system_prompt(style="compact") == compact
+    only_visit = render_system_prompt(("visit",), date="2030-02-03", style="compact")
+    assert "- search" not in only_visit and "- visit" in only_visit
+    assert only_visit.endswith("Current date: 2030-02-03")
+
+
+def test_system_prompt_rejects_an_unknown_style_naming_the_valid_ones():
+    with pytest.raises(ValueError, match="'tiny'.*full, compact"):
+        render_system_prompt(style="tiny")
+
+
 def test_system_prompt_rejects_repeated_tools():
     with pytest.raises(ValueError, match="unique"):
         render_system_prompt(("search", "search"))

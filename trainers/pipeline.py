@@ -101,7 +101,7 @@ def run_pipeline(sft_config: Any, rl_config: Any, output_dir: str | Path,
     rl_config.env = dataclasses.replace(
         rl_config.env, world_size=sft_config.env.world_size,
         world_seed=sft_config.env.world_seed, hops=tuple(sft_config.env.hops),
-        search_top_k=sft_config.env.search_top_k)
+        search_top_k=sft_config.env.search_top_k, prompt_style=sft_config.env.prompt_style)
     rl_config.run = dataclasses.replace(rl_config.run, output_dir=str(output / "rl"))
     result = train_rl(rl_config)
     seconds["rl"] = time.perf_counter() - started

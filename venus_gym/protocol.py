@@ -224,24 +224,40 @@ def _check_tool_names(tools: Collection[str]) -> tuple[str, ...]:
     return names
 
 
-def render_system_prompt(tools: Sequence[str] = DEFAULT_TOOLS, date: str = "2025-01-01") -> str:
-    """Build the DR-Venus system prompt offering `tools`.
+PROMPT_STYLES: tuple[str, ...] = ("full", "compact")
 
-    The prompt is plain text, independent of any chat template: a role paragraph, a
-    `# Tools` block with one JSON schema per line inside <tools></tools>, how to call a tool,
-    how to think and answer, and the current date. Same arguments, same string.
+
+def render_system_prompt(tools: Sequence[str] = DEFAULT_TOOLS, date: str = "2025-01-01",
+                         style: str = "full") -> str:
+    """Build the system prompt offering `tools`.
+
+    The prompt is plain text, independent of any chat template. Same arguments, same string.
+
+    style "full" is DR-Venus's prompt: a role paragraph, a `# Tools` block with one JSON
+    schema per line inside <tools></tools>, how to call a tool, how to think and answer, and
+    the current date (~300 words; 1,251 tokens with a 1,024-id world tokenizer).
+    style "compact" states the same rules and each tool's arguments in ~80 words. It is meant
+    for tiny models trained from scratch on a CPU, where the full prompt is half of every
+    episode's tokens (docs/benchmarks.md, seventh session); a model trained with one style
+    must be run with the same style.
 
     Args:
         tools: names of the tools to offer, in the order they are listed (keys of
             TOOL_SCHEMAS, at least one, no repeats).
         date: the text after "Current date: " (a fixed default keeps prompts reproducible).
+        style: "full" or "compact" (PROMPT_STYLES).
 
     Raises:
-        ValueError: an unknown or repeated tool name, or no tools at all.
+        ValueError: an unknown or repeated tool name, no tools at all, or an unknown style.
     """
     names = _check_tool_names(tools)
     if not names:
         raise ValueError(f"offer at least one tool; valid tools: {', '.join(TOOL_SCHEMAS)}")
+    if style == "compact":
+        return _render_compact_prompt(names, date)
+    if style != "full":
+        raise ValueError(f"unknown prompt style {style!r}; valid styles: "
+                         f"{', '.join(PROMPT_STYLES)}")
     schema_lines = "\n".join(json.dumps(TOOL_SCHEMAS[name], ensure_ascii=False) for name in names)
     return (
         f"{_ROLE_PARAGRAPH}\n\n"
@@ -258,6 +274,28 @@ def render_system_prompt(tools: Sequence[str] = DEFAULT_TOOLS, date: str = "2025
         "<answer>\n...\n</answer>\n"
         "Write nothing after the closing </tool_call> or </answer> tag. Tool results are "
         "returned to you inside <tool_response></tool_response>.\n\n"
+        f"Current date: {date}"
+    )
+
+
+def _render_compact_prompt(names: tuple[str, ...], date: str) -> str:
+    """The "compact" style: one line per tool, `name {"arg": type}: first sentence`."""
+    json_types = {"string": "str", "array": "[str]", "object": "{}", "integer": "int",
+                  "number": "float", "boolean": "bool"}
+    lines = []
+    for name in names:
+        function = TOOL_SCHEMAS[name]["function"]
+        arguments = ", ".join(
+            f'"{arg}": {json_types.get(spec.get("type"), spec.get("type"))}'
+            for arg, spec in function["parameters"]["properties"].items())
+        summary = function["description"].split(". ")[0].rstrip(".")
+        lines.append(f"- {name} {{{arguments}}}: {summary}.")
+    return (
+        "You are a research assistant. Answer the question by searching and reading pages.\n"
+        "Each turn, think inside <think></think>, then either call one tool:\n"
+        '<tool_call>\n{"name": <tool>, "arguments": {...}}\n</tool_call>\n'
+        "or give the final answer:\n<answer>\n...\n</answer>\n"
+        "Tools:\n" + "\n".join(lines) + "\n"
         f"Current date: {date}"
     )
 

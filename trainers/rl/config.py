@@ -48,6 +48,8 @@ class EnvSettings:
     world_seed: int = _help("Seed of the embedded world.", 0)
     hops: tuple[int, ...] = _help("Hop counts of the tasks used.", (1, 2))
     search_top_k: int = _help("Search results per query.", 3)
+    prompt_style: str = _help("System prompt style, 'full' or 'compact': the one the SFT "
+                              "warm start was trained with.", "full")
     max_turns: int = _help("Turn budget per episode (then the forced final answer).", 10)
     max_context_tokens: int = _help("The env's context budget (forced final answer when "
                                     "exceeded), counted in the policy tokenizer's tokens.", 6144)
@@ -60,6 +62,7 @@ class EnvSettings:
     def kwargs(self) -> dict[str, Any]:
         return {"world_size": self.world_size, "world_seed": self.world_seed,
                 "hops": tuple(self.hops), "search_top_k": self.search_top_k,
+                "prompt_style": self.prompt_style,
                 "max_turns": self.max_turns, "max_context_tokens": self.max_context_tokens,
                 "tool_timeout_s": self.tool_timeout_s}
 

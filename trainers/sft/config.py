@@ -144,6 +144,9 @@ class EnvConfig:
     world_seed: int = _help("Seed of the embedded world.", 0)
     hops: tuple[int, ...] = _help("Hop counts of the tasks used.", (1, 2))
     search_top_k: int = _help("Search results per query.", 3)
+    prompt_style: str = _help("System prompt style: 'full' (DR-Venus's) or 'compact' (~80 "
+                              "words; half the tokens of a short episode). Evaluation and RL "
+                              "must use the style the model was trained with.", "full")
 
 
 @dataclass
@@ -158,7 +161,8 @@ class SFTExperimentConfig:
 
     def env_kwargs(self) -> dict[str, Any]:
         return {"world_size": self.env.world_size, "world_seed": self.env.world_seed,
-                "hops": tuple(self.env.hops), "search_top_k": self.env.search_top_k}
+                "hops": tuple(self.env.hops), "search_top_k": self.env.search_top_k,
+                "prompt_style": self.env.prompt_style}
 
 
 def field_help(config_class: type) -> dict[str, str]:
