@@ -2,13 +2,21 @@
 
     .venv/bin/python examples/sft_tiny.py --config examples/configs/sft_tiny.yaml
 
+Several configs run one after the other, e.g. the three passes that reach the issue's
+targets (docs/benchmarks.md, seventh session; each pass starts from the previous one's
+final model):
+
+    .venv/bin/python examples/sft_tiny.py --config examples/configs/sft_compact.yaml \
+        examples/configs/sft_compact_more.yaml examples/configs/sft_compact_third.yaml
+
 Steps: train a BPE tokenizer on the embedded world's text; let the oracle agent write SFT
 trajectories on the *train* split; masked SFT with packing (trainers.sft); then greedy
 decoding in DeepResearch-v0 on the held-out *test* split, counting format-valid turns
 (env info["valid"]) and correct answers. Writes metrics.jsonl, the final model and
 eval.json under train.output_dir and prints `RESULT name=value` lines.
 
-Honest settings (docs/sft.md): the environment's own system prompt, hops (1, 2),
+Honest settings (docs/sft.md): the environment's own system prompt (full or compact, as
+`env.prompt_style` says; the evaluation uses the same), hops (1, 2),
 search_top_k=3 (short search results keep episodes ~2K tokens), a world-trained tokenizer;
 nothing about the environment is simplified for the model beyond those arguments.
 """
@@ -93,7 +101,9 @@ def evaluate_checkpoint(config: SFTExperimentConfig, checkpoint: str) -> dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="examples/configs/sft_tiny.yaml")
+    parser.add_argument("--config", nargs="+", default=["examples/configs/sft_tiny.yaml"],
+                        help="one or more configs, run in the given order (a later one may "
+                             "start from an earlier one's train.output_dir/final)")
     parser.add_argument("--evaluate-untrained", action="store_true",
                         help="also evaluate the randomly initialised model first")
     parser.add_argument("--resume", default=None,
@@ -105,20 +115,27 @@ def main() -> None:
     parser.add_argument("--eval-tasks", type=int, default=None,
                         help="override eval.num_tasks")
     args = parser.parse_args()
+    if len(args.config) > 1 and (args.resume or args.eval_checkpoint):
+        parser.error("--resume and --eval-checkpoint name one run: give them one --config")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    config = load_config(args.config)
-    if args.resume is not None:
-        config.train.resume = args.resume
-    if args.threads is not None:
-        config.train.threads_per_worker = args.threads
-    if args.eval_tasks is not None:
-        config.eval.num_tasks = args.eval_tasks
-    if args.eval_checkpoint:
-        results = evaluate_checkpoint(config, args.eval_checkpoint)
-    else:
-        results = train_and_evaluate(config, args.evaluate_untrained)
-    for key, value in results.items():
-        print(f"RESULT {key}={value:.4f}" if isinstance(value, float) else f"RESULT {key}={value}")
+    # Load every config first: a typo in the third fails now, not after an hour of training.
+    configs = [(path, load_config(path)) for path in args.config]
+    for path, config in configs:
+        if args.resume is not None:
+            config.train.resume = args.resume
+        if args.threads is not None:
+            config.train.threads_per_worker = args.threads
+        if args.eval_tasks is not None:
+            config.eval.num_tasks = args.eval_tasks
+        if len(configs) > 1:
+            print(f"== {path}", flush=True)
+        if args.eval_checkpoint:
+            results = evaluate_checkpoint(config, args.eval_checkpoint)
+        else:
+            results = train_and_evaluate(config, args.evaluate_untrained)
+        for key, value in results.items():
+            print(f"RESULT {key}={value:.4f}" if isinstance(value, float)
+                  else f"RESULT {key}={value}", flush=True)
 
 
 if __name__ == "__main__":

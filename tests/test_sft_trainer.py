@@ -137,7 +137,8 @@ def test_yaml_config_round_trip(tmp_path):
         load_config(path)
 
 
-@pytest.mark.parametrize("name", ["sft_tiny", "sft_tiny512", "sft_tiny512_more", "sft_words"])
+@pytest.mark.parametrize("name", ["sft_tiny", "sft_tiny512", "sft_tiny512_more", "sft_words",
+                                  "sft_compact", "sft_compact_more", "sft_compact_third"])
 def test_example_config_names_its_command(name):
     from pathlib import Path
 
@@ -145,3 +146,28 @@ def test_example_config_names_its_command(name):
     first_line = path.read_text().splitlines()[0]
     assert first_line.startswith("# ") and f"--config examples/configs/{name}.yaml" in first_line
     load_config(path)
+
+
+def test_compact_passes_chain_and_are_evaluated_alike():
+    """sft_compact -> sft_compact_more -> sft_compact_third (examples/sft_tiny.py runs them in
+    order): each pass starts from the previous pass's final model and tokenizer, trains on
+    worlds no earlier pass used, and all three are evaluated on the same held-out tasks with
+    the compact prompt they are trained with."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "examples" / "configs"
+    chain = [load_config(root / f"{name}.yaml")
+             for name in ("sft_compact", "sft_compact_more", "sft_compact_third")]
+    assert chain[0].model.name == "tiny" and chain[0].train.induction_warmup_steps > 0
+    seen_worlds: set[int] = set()
+    for previous, current in zip(chain, chain[1:], strict=False):
+        final = f"{previous.train.output_dir}/final"
+        assert (current.model.name, current.model.tokenizer) == (final, final)
+        assert current.train.induction_warmup_steps == 0
+        seen_worlds |= set(previous.data.world_seeds)
+        assert not seen_worlds & set(current.data.world_seeds)
+        assert current.data.seed != previous.data.seed
+    for config in chain:
+        assert config.env == chain[0].env and config.eval == chain[0].eval
+        assert config.env.prompt_style == "compact" and config.env.world_seed not in \
+            config.data.world_seeds
