@@ -2,12 +2,13 @@
 
     .venv/bin/python examples/sft_tiny.py --config examples/configs/sft_tiny.yaml
 
-Several configs run one after the other, e.g. the three passes that reach the issue's
-targets (docs/benchmarks.md, seventh session; each pass starts from the previous one's
-final model):
+Several configs run one after the other, e.g. the four passes of the best from-scratch
+result (docs/benchmarks.md, seventh session; each pass starts from the previous one's
+final model; ~2.5 h on 2 cores):
 
     .venv/bin/python examples/sft_tiny.py --config examples/configs/sft_compact.yaml \
-        examples/configs/sft_compact_more.yaml examples/configs/sft_compact_third.yaml
+        examples/configs/sft_compact_more.yaml examples/configs/sft_compact_third.yaml \
+        examples/configs/sft_compact_fourth.yaml
 
 Steps: train a BPE tokenizer on the embedded world's text; let the oracle agent write SFT
 trajectories on the *train* split; masked SFT with packing (trainers.sft); then greedy

@@ -138,7 +138,8 @@ def test_yaml_config_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["sft_tiny", "sft_tiny512", "sft_tiny512_more", "sft_words",
-                                  "sft_compact", "sft_compact_more", "sft_compact_third"])
+                                  "sft_compact", "sft_compact_more", "sft_compact_third",
+                                  "sft_compact_fourth"])
 def test_example_config_names_its_command(name):
     from pathlib import Path
 
@@ -149,7 +150,7 @@ def test_example_config_names_its_command(name):
 
 
 def test_compact_passes_chain_and_are_evaluated_alike():
-    """sft_compact -> sft_compact_more -> sft_compact_third (examples/sft_tiny.py runs them in
+    """sft_compact -> _more -> _third -> _fourth (examples/sft_tiny.py runs them in
     order): each pass starts from the previous pass's final model and tokenizer, trains on
     worlds no earlier pass used, and all three are evaluated on the same held-out tasks with
     the compact prompt they are trained with."""
@@ -157,7 +158,8 @@ def test_compact_passes_chain_and_are_evaluated_alike():
 
     root = Path(__file__).resolve().parents[1] / "examples" / "configs"
     chain = [load_config(root / f"{name}.yaml")
-             for name in ("sft_compact", "sft_compact_more", "sft_compact_third")]
+             for name in ("sft_compact", "sft_compact_more", "sft_compact_third",
+                          "sft_compact_fourth")]
     assert chain[0].model.name == "tiny" and chain[0].train.induction_warmup_steps > 0
     seen_worlds: set[int] = set()
     for previous, current in zip(chain, chain[1:], strict=False):
