@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainers.rl.config import load_rl_config, rl_config_to_dict  # noqa: E402
+from trainers.rl.config import RLConfig, load_rl_config, rl_config_to_dict  # noqa: E402
 from trainers.rl.driver import train  # noqa: E402
 from trainers.rl.metrics import (  # noqa: E402
     CONFIG_FILE,
@@ -65,7 +65,8 @@ def finished_run(run_dir: Path, config: dict | None = None) -> tuple[dict, dict]
     if not saved.get("after"):
         return None
     if config is not None:
-        differ = _differences(json.loads((run_dir / CONFIG_FILE).read_text()), config)
+        defaults = json.loads(dumps_json(rl_config_to_dict(RLConfig())))
+        differ = _differences(json.loads((run_dir / CONFIG_FILE).read_text()), config, defaults)
         differ = [key for key in differ if key != "eval.before"]
         if differ:
             raise SystemExit(f"{run_dir} holds a finished run with other settings "
@@ -77,13 +78,20 @@ def finished_run(run_dir: Path, config: dict | None = None) -> tuple[dict, dict]
     return saved.get("before") or {}, after
 
 
-def _differences(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two nested config dicts."""
+def _differences(saved: dict, wanted: dict, defaults: dict | None = None,
+                 prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested config dicts. A key the saved
+    config lacks (a setting added after the run was trained) counts as its value in
+    `defaults`: settings are added with defaults that keep the earlier behaviour."""
+    defaults = defaults or {}
     keys = []
     for key in sorted(set(saved) | set(wanted)):
-        a, b = saved.get(key), wanted.get(key)
+        a = saved[key] if key in saved else defaults.get(key)
+        b = wanted.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            keys += _differences(a, b, f"{prefix}{key}.")
+            nested = defaults.get(key)
+            keys += _differences(a, b, nested if isinstance(nested, dict) else None,
+                                 f"{prefix}{key}.")
         elif a != b:
             keys.append(f"{prefix}{key}")
     return keys

@@ -57,3 +57,16 @@ def test_a_finished_run_with_other_settings_is_refused_by_name(compare, tmp_path
     other = {**CONFIG, "run": {"seed": 1, "steps": 50}, "policy": {"path": "elsewhere"}}
     with pytest.raises(SystemExit, match=r"policy\.path, run\.steps"):
         compare.finished_run(tmp_path / "run", other)
+
+
+def test_a_setting_added_after_the_run_counts_as_its_default(compare, tmp_path):
+    """Runs trained before env.prompt_style existed used the full prompt, its default."""
+    _write_run(tmp_path / "run", {"before": {}, "after": {"pass@1": 0.2}}, [0.0])
+    old_env = {"world_seed": 0, "search_top_k": 3}
+    saved = {**CONFIG, "env": old_env}
+    (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
+    with_default = {**saved, "env": {**old_env, "prompt_style": "full"}}
+    assert compare.finished_run(tmp_path / "run", with_default)[1]["pass@1"] == 0.2
+    with pytest.raises(SystemExit, match=r"\(env\.prompt_style\)"):
+        compare.finished_run(tmp_path / "run", {**saved, "env": {**old_env,
+                                                                 "prompt_style": "compact"}})
