@@ -2,13 +2,12 @@
 
     .venv/bin/python examples/sft_tiny.py --config examples/configs/sft_tiny.yaml
 
-Several configs run one after the other, e.g. the four passes of the best from-scratch
+Several configs run one after the other, e.g. the three passes of the best from-scratch
 result (docs/benchmarks.md, seventh session; each pass starts from the previous one's
-final model; ~2.5 h on 2 cores):
+final model; ~2.2 h on 2 cores; a fourth pass, sft_compact_fourth.yaml, made it worse):
 
     .venv/bin/python examples/sft_tiny.py --config examples/configs/sft_compact.yaml \
-        examples/configs/sft_compact_more.yaml examples/configs/sft_compact_third.yaml \
-        examples/configs/sft_compact_fourth.yaml
+        examples/configs/sft_compact_more.yaml examples/configs/sft_compact_third.yaml
 
 Steps: train a BPE tokenizer on the embedded world's text; let the oracle agent write SFT
 trajectories on the *train* split; masked SFT with packing (trainers.sft); then greedy
