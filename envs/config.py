@@ -65,7 +65,7 @@ class DeepResearchConfig:
     date: str = _f("2025-01-01", "Date written into the system prompt (fixed for "
                    "reproducibility).")
     prompt_style: str = _f("full", "System prompt: 'full' (DR-Venus's, with the tools' JSON "
-                           "schemas) or 'compact' (the same rules in ~80 words, for tiny "
+                           "schemas) or 'compact' (the turn format and tools in ~80 words, for tiny "
                            "models trained from scratch; train and run with the same style).")
     reveal_answer_in_info: bool = _f(False, "Put the gold answers in `info` (for scripted "
                                      "agents and analysis; never show them to a policy).")

@@ -236,7 +236,7 @@ def render_system_prompt(tools: Sequence[str] = DEFAULT_TOOLS, date: str = "2025
     style "full" is DR-Venus's prompt: a role paragraph, a `# Tools` block with one JSON
     schema per line inside <tools></tools>, how to call a tool, how to think and answer, and
     the current date (~300 words; 1,251 tokens with a 1,024-id world tokenizer).
-    style "compact" states the same rules and each tool's arguments in ~80 words. It is meant
+    style "compact" gives the turn format and each tool's arguments in ~80 words. It is meant
     for tiny models trained from scratch on a CPU, where the full prompt is half of every
     episode's tokens (docs/benchmarks.md, seventh session); a model trained with one style
     must be run with the same style.
