@@ -1,6 +1,7 @@
 """SFT throughput with sequence packing vs plain padding (issue 3, item 7).
 
     .venv/bin/python benchmarks/sft_speed.py            # defaults below; ~2 min on 2 cores
+    python benchmarks/sft_speed.py --device cuda --precision bf16   # on a GPU
 
 Trains the same tiny model (the sft_tiny example's architecture, same initialisation) on
 the same oracle trajectories for one epoch, three times in one process: packed (rows of
@@ -35,7 +36,7 @@ from trainers.sft.pipeline import (  # noqa: E402
     build_samples,
     build_tokenizer,
 )
-from trainers.sft.trainer import SFTTrainer  # noqa: E402
+from trainers.sft.trainer import SFTTrainer, resolve_device  # noqa: E402
 
 
 def run_epoch(config: SFTExperimentConfig, samples, tokenizer, packing: bool,
@@ -47,13 +48,15 @@ def run_epoch(config: SFTExperimentConfig, samples, tokenizer, packing: bool,
     config.data.rows_per_micro_batch = rows_per_micro_batch
     rows = epoch_rows(samples, config.data.max_seq_len, packing, config.train.seed, 0)
     waste = padding_waste(rows, samples, packing, config.data.max_seq_len, rows_per_micro_batch)
-    model = build_model(config.model, tokenizer)
+    model = build_model(config.model, tokenizer).to(config.train.device)
     with tempfile.TemporaryDirectory() as scratch:
         config.train.output_dir = scratch
         trainer = SFTTrainer(model, samples, config.train, config.data, tokenizer.pad_token_id,
                              log=lambda _: None)
         started = time.perf_counter()
         history = trainer.train()
+        if model.device.type == "cuda":  # kernels run asynchronously: wait for the last
+            torch.cuda.synchronize()
         elapsed = time.perf_counter() - started
     return sum(m["tokens"] for m in history) / elapsed, waste
 
@@ -69,20 +72,30 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     parser.add_argument("--rounds", type=int, default=2,
                         help="alternating rounds; each mode reports its best epoch")
+    parser.add_argument("--device", default="cpu",
+                        help="train.device of all three modes ('cpu', 'cuda', 'auto')")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"],
+                        help="train.precision of all three modes")
+    parser.add_argument("--packed-attention", default="varlen", choices=["varlen", "mask"],
+                        help="data.packed_attention of the packed mode")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     config = from_dict(SFTExperimentConfig, {
         "model": {"vocab_size": 4096, "hidden": 128, "layers": 3, "heads": 4},
         "data": {"num_episodes": args.episodes, "mixture": "short",
-                 "max_seq_len": args.max_sample_length},
-        "train": {"lr": 1e-3, "epochs": 1, "progress_bar": False, "log_every": 10 ** 9},
+                 "max_seq_len": args.max_sample_length,
+                 "packed_attention": args.packed_attention},
+        "train": {"lr": 1e-3, "epochs": 1, "progress_bar": False, "log_every": 10 ** 9,
+                  "device": str(resolve_device(args.device)), "precision": args.precision},
         "env": {"world_size": 2000, "hops": [1, 2], "search_top_k": 3}})
     tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
     samples = build_samples(config, build_chat(tokenizer))
     config.data.max_seq_len = args.row_length
     print(f"{len(samples)} samples, {sum(map(len, samples))} tokens, rows of "
-          f"{args.row_length}; padded micro-batches of {args.padded_batch}", flush=True)
+          f"{args.row_length}; padded micro-batches of {args.padded_batch}; "
+          f"{config.train.device}, {args.precision}, packed attention "
+          f"{args.packed_attention}", flush=True)
     # Modes alternate for --rounds rounds and each keeps its best epoch: on a shared machine
     # other jobs come and go, and best-of-N interleaved is the least biased estimate.
     best = {"padded": 0.0, "padded_varlen": 0.0, "packed": 0.0}

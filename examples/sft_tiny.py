@@ -43,7 +43,7 @@ from trainers.sft.pipeline import (  # noqa: E402
     build_tokenizer,
     train_sft,
 )
-from trainers.sft.trainer import STATE_FILE  # noqa: E402
+from trainers.sft.trainer import STATE_FILE, resolve_device  # noqa: E402
 
 
 def train_and_evaluate(config: SFTExperimentConfig, evaluate_untrained: bool = False
@@ -61,7 +61,8 @@ def train_and_evaluate(config: SFTExperimentConfig, evaluate_untrained: bool = F
     print(f"data: {len(samples)} samples, {sum(map(len, samples))} tokens "
           f"({time.perf_counter() - started:.1f} s)", flush=True)
     results: dict[str, float] = {}
-    eval_env = {**config.env_kwargs(), "max_turns": config.eval.max_turns}
+    eval_env = config.eval_env_kwargs()
+    device = resolve_device(config.train.device)
 
     def evaluate(model: torch.nn.Module, prefix: str) -> None:
         policy = TransformersPolicy(model, chat, max_new_tokens=config.eval.max_new_tokens,
@@ -71,7 +72,7 @@ def train_and_evaluate(config: SFTExperimentConfig, evaluate_untrained: bool = F
             results[f"{prefix}{key}"] = value
 
     if evaluate_untrained:  # the same seeded initialisation train_sft starts from
-        evaluate(build_model(config.model, tokenizer), "untrained_")
+        evaluate(build_model(config.model, tokenizer).to(device), "untrained_")
     model, tokenizer, history = train_sft(config, samples)
     results["train_loss_last"] = history[-1]["loss"] if history else float("nan")
     results["train_tokens_per_s"] = sum(m["tokens"] for m in history) / max(
@@ -91,10 +92,10 @@ def evaluate_checkpoint(config: SFTExperimentConfig, checkpoint: str) -> dict[st
     model = build_model(config.model, tokenizer)
     state = torch.load(Path(checkpoint) / STATE_FILE, map_location="cpu", weights_only=False)
     model.load_state_dict(state["model"])
+    model = model.to(resolve_device(config.train.device))
     policy = TransformersPolicy(model, chat, max_new_tokens=config.eval.max_new_tokens,
                                 temperature=config.eval.temperature)
-    evaluation = evaluate_policy(policy, {**config.env_kwargs(), "max_turns":
-                                          config.eval.max_turns},
+    evaluation = evaluate_policy(policy, config.eval_env_kwargs(),
                                  num_tasks=config.eval.num_tasks)
     return {"step": state["step"], **evaluation.summary()}
 
@@ -114,6 +115,9 @@ def main() -> None:
                         help="only evaluate this checkpoint directory's weights")
     parser.add_argument("--eval-tasks", type=int, default=None,
                         help="override eval.num_tasks")
+    parser.add_argument("--eval-world-seed", type=int, default=None,
+                        help="override eval.world_seed: play the test tasks of this world "
+                             "(a validation world no training data came from)")
     args = parser.parse_args()
     if len(args.config) > 1 and (args.resume or args.eval_checkpoint):
         parser.error("--resume and --eval-checkpoint name one run: give them one --config")
@@ -127,6 +131,8 @@ def main() -> None:
             config.train.threads_per_worker = args.threads
         if args.eval_tasks is not None:
             config.eval.num_tasks = args.eval_tasks
+        if args.eval_world_seed is not None:
+            config.eval.world_seed = args.eval_world_seed
         if len(configs) > 1:
             print(f"== {path}", flush=True)
         if args.eval_checkpoint:

@@ -3,10 +3,18 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import gymnasium as gym
+import torch
 
 import venus_gym  # noqa: F401  (registers the environments)
-from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
+from trainers.models import (
+    build_chatml_tokenizer,
+    build_tiny_causal_lm,
+    kv_cache_argument,
+    returned_kv_cache,
+)
 from trainers.policy import GeneratedTurn, TransformersPolicy, evaluate_policy, run_episode
 from trainers.sft.pipeline import build_chat
 
@@ -48,3 +56,37 @@ def test_cut_turns_are_counted_per_episode_and_summarised():
                                  num_tasks=2, progress=False)
     summary = evaluation.summary()
     assert summary["cut_turn_rate"] == 1.0 and summary["format_valid_rate"] == 0.0
+
+
+class PastKeyValuesModel(torch.nn.Module):
+    """A model as transformers < 5.20 has it: the KV cache goes in and comes out as
+    `past_key_values` (5.2x calls both `cache`)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.caches_given: list[bool] = []
+
+    def forward(self, input_ids, position_ids=None, past_key_values=None, use_cache=None,
+                logits_to_keep=0):
+        self.caches_given.append(past_key_values is not None)
+        output = self.inner(input_ids=input_ids, position_ids=position_ids,
+                            use_cache=use_cache, logits_to_keep=logits_to_keep,
+                            **{kv_cache_argument(self.inner): past_key_values})
+        return SimpleNamespace(logits=output.logits, past_key_values=returned_kv_cache(output))
+
+
+def test_policy_keeps_its_kv_cache_under_either_argument_name():
+    chat = make_chat()
+    model = build_tiny_causal_lm(chat.tokenizer, hidden=32, layers=1, heads=1, seed=4)
+    prompt = chat.tokenizer.encode("search visit answer", add_special_tokens=False)
+    expected = TransformersPolicy(model, chat, max_new_tokens=6).generate_turn(prompt)
+    old = PastKeyValuesModel(model)
+    turn = TransformersPolicy(old, chat, max_new_tokens=6).generate_turn(prompt)
+    assert turn.token_ids == expected.token_ids
+    assert torch.allclose(torch.tensor(turn.logprobs), torch.tensor(expected.logprobs),
+                          atol=1e-5)
+    # The prompt goes in without a cache; each generated token (the cut turn has no
+    # end-of-turn token) goes in alone with the cache the previous call returned.
+    assert turn.token_ids[-1] != chat.end_of_turn_id
+    assert old.caches_given == [False] + [True] * len(turn.token_ids)

@@ -65,3 +65,17 @@ def test_several_configs_refuse_a_flag_that_names_one_run(tmp_path, monkeypatch,
         load_example().main()
     assert "give them one --config" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
+
+
+def test_eval_world_seed_flag_reaches_only_the_evaluation(tmp_path, monkeypatch):
+    config_path = write_config(tmp_path / "a.yaml", {}, {"output_dir": str(tmp_path / "a")})
+    example = load_example()
+    seen = []
+    monkeypatch.setattr(example, "evaluate_checkpoint",
+                        lambda config, checkpoint: seen.append(
+                            (config.eval_env_kwargs()["world_seed"],
+                             config.env_kwargs()["world_seed"], checkpoint)) or {})
+    monkeypatch.setattr(sys, "argv", ["sft_tiny.py", "--config", str(config_path),
+                                      "--eval-checkpoint", "ck", "--eval-world-seed", "45"])
+    example.main()
+    assert seen == [(45, 0, "ck")]

@@ -113,10 +113,20 @@ def test_options_train_and_reduce_loss(tokenizer, tmp_path, options):
     assert all(math.isfinite(m["grad_norm"]) and m["tokens_per_s"] > 0 for m in history)
 
 
-def test_trained_positions_only_gives_same_loss(tokenizer, tmp_path):
+@pytest.mark.parametrize("boolean_logits_to_keep", [True, False])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_trained_positions_only_gives_same_loss(tokenizer, tmp_path, rows,
+                                                boolean_logits_to_keep, monkeypatch):
+    """Both forms of logits_to_keep (the [B, L] boolean of transformers >= 5.20 and the 1-D
+    index older 5.x take) give the full forward's loss, also with several rows."""
+    from trainers.sft import trainer as trainer_module
+
+    if boolean_logits_to_keep and not trainer_module.BOOLEAN_LOGITS_TO_KEEP:
+        pytest.skip("this transformers has no boolean logits_to_keep")
+    monkeypatch.setattr(trainer_module, "BOOLEAN_LOGITS_TO_KEEP", boolean_logits_to_keep)
     samples = make_samples(len(tokenizer), seed=3)
-    fast = make_trainer(tokenizer, tmp_path / "f", samples, max_steps=2)
-    full = make_trainer(tokenizer, tmp_path / "g", samples, max_steps=2,
+    fast = make_trainer(tokenizer, tmp_path / "f", samples, max_steps=2, rows=rows)
+    full = make_trainer(tokenizer, tmp_path / "g", samples, max_steps=2, rows=rows,
                         logits_on_trained_positions_only=False)
     for x, y in zip(fast.train(), full.train()):
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-6)
@@ -173,3 +183,50 @@ def test_compact_passes_chain_and_are_evaluated_alike():
         assert config.env == chain[0].env and config.eval == chain[0].eval
         assert config.env.prompt_style == "compact" and config.env.world_seed not in \
             config.data.world_seeds
+
+
+def test_device_setting_resolves_or_names_the_problem(monkeypatch):
+    from trainers.sft.trainer import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match="train.device is 'cuda:0' but torch sees no CUDA"):
+        resolve_device("cuda:0")
+    with pytest.raises(ValueError, match="train.device must be .*'gpu0'"):
+        resolve_device("gpu0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == torch.device("cuda")
+
+
+def test_eval_world_seed_moves_only_the_evaluation():
+    """A validation world (eval.world_seed) changes the world that evaluation plays, never
+    the one the tokenizer and the training data are built from."""
+    config = SFTExperimentConfig()
+    config.env.world_seed, config.eval.max_turns = 0, 7
+    assert config.eval_env_kwargs() == {**config.env_kwargs(), "max_turns": 7}
+    config.eval.world_seed = 45
+    assert config.eval_env_kwargs()["world_seed"] == 45
+    assert config.env_kwargs()["world_seed"] == 0
+
+
+def test_varlen_training_never_builds_the_dense_packed_mask(tokenizer, tmp_path, monkeypatch):
+    """A packed row's dense mask is [B, 1, L, L] (64M entries at 8K tokens): varlen attention
+    must not pay for it, and the 'mask' mode builds it where the model runs."""
+    from trainers.sft import packing
+
+    built_on = []
+    original = packing.Batch.attention_mask_on
+
+    def spy(self, device):
+        built_on.append(torch.device(device))
+        return original(self, device)
+
+    monkeypatch.setattr(packing.Batch, "attention_mask_on", spy)
+    samples = make_samples(len(tokenizer), seed=5)
+    make_trainer(tokenizer, tmp_path / "v", samples, max_steps=2).train()
+    assert built_on == []
+    trainer = make_trainer(tokenizer, tmp_path / "m", samples, max_steps=2)
+    trainer.data_cfg.packed_attention = "mask"
+    trainer.train()
+    assert built_on and all(device == trainer.device for device in built_on)

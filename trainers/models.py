@@ -30,6 +30,7 @@ Decisions, and where they differ from the DR-Venus setup (Qwen3 tokenizer) and w
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import shutil
 import tempfile
@@ -38,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
+import transformers.modeling_utils
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from tokenizers import trainers as tokenizer_trainers
 from transformers import (
@@ -52,6 +55,23 @@ from transformers import (
 )
 
 from trainers.tokenization import CHATML_TEMPLATE
+
+# transformers >= 5.20 takes a [B, L] boolean logits_to_keep (logits of the True positions,
+# flattened in row-major order); older 5.x only an int or a 1-D index of positions.
+BOOLEAN_LOGITS_TO_KEEP = hasattr(transformers.modeling_utils, "slice_logits_to_keep")
+
+
+def kv_cache_argument(model: Any) -> str:
+    """The name `model.forward` takes its KV cache under: `cache` in transformers 5.2x,
+    `past_key_values` in earlier 5.x (the vLLM venv pins < 5.20)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
+
+
+def returned_kv_cache(output: Any) -> Any:
+    """The KV cache a forward returned, under either name (see kv_cache_argument)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
 
 PAD_TOKEN = "<|pad|>"
 IM_START_TOKEN = "<|im_start|>"

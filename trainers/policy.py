@@ -32,6 +32,7 @@ import torch
 from tqdm import tqdm
 from transformers import Cache
 
+from trainers.models import kv_cache_argument, returned_kv_cache
 from trainers.tokenization import ChatTokenizer, ConversationBuilder
 from trainers.trajectory import Trajectory, Turn, check_invariants
 
@@ -69,6 +70,7 @@ class TransformersPolicy:
         # Control tokens other than the end of turn may not appear in message text.
         self.banned_ids = sorted(chat.control_ids - {chat.end_of_turn_id})
         self._cache: Cache | None = None
+        self._cache_argument = kv_cache_argument(model)
         self._cached_ids: list[int] = []
 
     def reset(self) -> None:
@@ -81,9 +83,9 @@ class TransformersPolicy:
         start = len(self._cached_ids)
         inputs = torch.tensor([new_ids], device=self.device)
         positions = torch.arange(start, start + len(new_ids), device=self.device)[None]
-        output = self.model(input_ids=inputs, position_ids=positions, cache=self._cache,
-                            use_cache=True, logits_to_keep=1)
-        self._cache = output.cache
+        output = self.model(input_ids=inputs, position_ids=positions, use_cache=True,
+                            logits_to_keep=1, **{self._cache_argument: self._cache})
+        self._cache = returned_kv_cache(output)
         self._cached_ids.extend(new_ids)
         return output.logits[0, -1].float()
 

@@ -20,12 +20,13 @@ it (tests/vllm).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from trainers.models import kv_cache_argument, returned_kv_cache
 
 from .base import (
     Engine,
@@ -66,10 +67,7 @@ class HFEngine(Engine):
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad if pad is not None else 0)
         self.device = next(model.parameters()).device
-        # transformers 5.2x calls the KV cache argument `cache`; earlier releases (the vLLM
-        # venv pins <5.20) call it `past_key_values`.
-        parameters = inspect.signature(model.forward).parameters
-        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        self._cache_argument = kv_cache_argument(model)
 
     # --- the Engine interface ------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
@@ -129,8 +127,7 @@ class HFEngine(Engine):
                             attention_mask=attention.to(self.device),
                             position_ids=positions.to(self.device), use_cache=True,
                             logits_to_keep=1, **{self._cache_argument: cache})
-        new_cache = getattr(output, "cache", None) or getattr(output, "past_key_values", None)
-        return output.logits[:, -1].float().cpu(), new_cache
+        return output.logits[:, -1].float().cpu(), returned_kv_cache(output)
 
     def _pick_next_tokens(self, logits: torch.Tensor, rows: list[DecodeRow], step: int) -> list[int]:
         """Choose and record one token per live row; finished rows get the pad id.

@@ -45,18 +45,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import transformers
-import transformers.modeling_utils
 
 from trainers.batch import RolloutBatch
 from trainers.information_gain import score_batch
+from trainers.models import BOOLEAN_LOGITS_TO_KEEP
 from trainers.probes import build_probe_template, build_probes, encode_text
 from trainers.rollout import RolloutStats, SamplingConfig, rollout_group, text_token_counter
 from trainers.tokenization import CHATML_TEMPLATE, ChatTokenizer
 from trainers.trajectory import Trajectory
 
 LEARNER_STATE_FILE = "learner.pt"
-# transformers >= 5.20 takes a [B, L] boolean logits_to_keep (needed by the fsdp strategy).
-BOOLEAN_LOGITS_TO_KEEP = hasattr(transformers.modeling_utils, "slice_logits_to_keep")
 
 
 def load_tokenizer(path: str | Path) -> tuple[Any, ChatTokenizer]:

@@ -116,6 +116,10 @@ class TrainConfig:
     num_workers: int = _help("Data-parallel workers (Ray actors, torch.distributed gloo); "
                              "1 = train in this process.", 1)
     threads_per_worker: int = _help("torch intra-op threads per worker (0 = leave as is).", 0)
+    device: str = _help("Where a single-process run trains: 'auto' (the current CUDA device "
+                        "when there is one, else CPU), 'cpu', or a torch device such as "
+                        "'cuda:1'. Data-parallel workers each take their own GPU (or CPU).",
+                        "auto")
     induction_warmup_steps: int = _help("Steps of the shuffled-chunk copy task before SFT "
                                         "(trainers/sft/warmup.py: random sequences whose "
                                         "chunks come back in another order; teaches "
@@ -134,6 +138,9 @@ class EvalConfig:
     max_new_tokens: int = _help("Token cap per generated turn.", 256)
     temperature: float = _help("0 = greedy decoding.", 0.0)
     max_turns: int = _help("Turn budget per episode (env max_turns).", 12)
+    world_seed: int = _help("World whose test tasks are played (-1 = env.world_seed). Another "
+                            "world no training data came from is a validation set: choose "
+                            "checkpoints on it, not on the test tasks you report.", -1)
 
 
 @dataclass
@@ -163,6 +170,12 @@ class SFTExperimentConfig:
         return {"world_size": self.env.world_size, "world_seed": self.env.world_seed,
                 "hops": tuple(self.env.hops), "search_top_k": self.env.search_top_k,
                 "prompt_style": self.env.prompt_style}
+
+    def eval_env_kwargs(self) -> dict[str, Any]:
+        """env_kwargs with the evaluation's turn budget and world (eval.world_seed)."""
+        world_seed = self.env.world_seed if self.eval.world_seed < 0 else self.eval.world_seed
+        return {**self.env_kwargs(), "max_turns": self.eval.max_turns,
+                "world_seed": world_seed}
 
 
 def field_help(config_class: type) -> dict[str, str]:

@@ -123,29 +123,53 @@ class Batch:
     """One micro-batch ready for the model.
 
     input_ids [B, L], labels [B, L] (IGNORE_INDEX where not trained), position_ids [B, L],
-    attention_mask: [B, 1, L, L] bool block-diagonal causal (packed) or [B, L] 0/1 padding
-    mask (padded). real_tokens: non-padding tokens; trained_tokens: labels != IGNORE_INDEX.
+    segments [B, L]: which sample of its row each position holds (-1 = padding).
+    real_tokens: non-padding tokens; trained_tokens: labels != IGNORE_INDEX.
+    The attention mask is built from `segments` only when asked for, where it is used: a
+    packed row's is [B, 1, L, L] (64M entries at L = 8K), and varlen attention needs none.
     """
 
     input_ids: torch.Tensor
     labels: torch.Tensor
     position_ids: torch.Tensor
-    attention_mask: torch.Tensor
+    segments: torch.Tensor
+    packed: bool
     real_tokens: int
     trained_tokens: int
     spans: list[list[tuple[int, int]]]  # per row, [start, end) of each sample
-
 
     @property
     def slots(self) -> int:
         return int(self.input_ids.numel())
 
-    def model_inputs(self, with_mask: bool = True) -> dict[str, torch.Tensor]:
-        """Keyword arguments for the model; with_mask=False leaves the attention mask out
-        (varlen attention takes the sample spans instead, trainers.sft.varlen)."""
-        inputs = {"input_ids": self.input_ids, "position_ids": self.position_ids}
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return self.attention_mask_on(self.segments.device)
+
+    def attention_mask_on(self, device: torch.device | str) -> torch.Tensor:
+        """[B, 1, L, L] bool block-diagonal causal (packed) or [B, L] 0/1 padding mask
+        (padded), built on `device`."""
+        segments = self.segments.to(device)
+        if not self.packed:
+            return (segments >= 0).long()
+        length = segments.shape[1]
+        causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+        same_sample = segments[:, :, None] == segments[:, None, :]
+        # Padding attends to itself only, so its (ignored) rows never hold all -inf scores.
+        is_pad = (segments < 0)[:, :, None]
+        diagonal = torch.eye(length, dtype=torch.bool, device=device)[None]
+        return ((same_sample & ~is_pad & causal[None]) | (is_pad & diagonal))[:, None]
+
+    def model_inputs(self, with_mask: bool = True, device: torch.device | str | None = None
+                     ) -> dict[str, torch.Tensor]:
+        """Keyword arguments for the model, on `device` (default: where the batch is);
+        with_mask=False leaves the attention mask out (varlen attention takes the sample
+        spans instead, trainers.sft.varlen)."""
+        device = self.input_ids.device if device is None else device
+        inputs = {"input_ids": self.input_ids.to(device),
+                  "position_ids": self.position_ids.to(device)}
         if with_mask:
-            inputs["attention_mask"] = self.attention_mask
+            inputs["attention_mask"] = self.attention_mask_on(device)
         return inputs
 
 
@@ -173,18 +197,8 @@ def collate(samples: Sequence[SFTSample], rows: Sequence[Sequence[int]], pad_id:
             spans[r].append((offset, offset + n))
             offset += n
     real = int((segments >= 0).sum())
-    if packing:
-        causal = torch.ones(length, length, dtype=torch.bool).tril()
-        same_sample = segments[:, :, None] == segments[:, None, :]
-        # Padding attends to itself only, so its (ignored) rows never hold all -inf scores.
-        is_pad = (segments < 0)[:, :, None]
-        diagonal = torch.eye(length, dtype=torch.bool)[None]
-        attention = (same_sample & ~is_pad & causal[None]) | (is_pad & diagonal)
-        attention_mask = attention[:, None]
-    else:
-        attention_mask = (segments >= 0).long()
     return Batch(input_ids=input_ids, labels=labels, position_ids=position_ids,
-                 attention_mask=attention_mask, real_tokens=real,
+                 segments=segments, packed=packing, real_tokens=real,
                  trained_tokens=int((labels != IGNORE_INDEX).sum()), spans=spans)
 
 

@@ -131,7 +131,7 @@ def train_sft(config: SFTExperimentConfig, samples: list[SFTSample] | None = Non
     the model and tokenizer to `train.output_dir/final`. Returns (model, tokenizer, history).
     """
     from trainers.sft.config import config_to_dict
-    from trainers.sft.trainer import SFTTrainer, latest_checkpoint
+    from trainers.sft.trainer import SFTTrainer, latest_checkpoint, resolve_device
 
     output_dir = Path(config.train.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -139,6 +139,8 @@ def train_sft(config: SFTExperimentConfig, samples: list[SFTSample] | None = Non
     if samples is None:
         samples = build_samples(config, build_chat(tokenizer))
     model = build_model(config.model, tokenizer)
+    if config.train.num_workers == 1:  # data-parallel workers place their own replicas
+        model = model.to(resolve_device(config.train.device))
     if config.train.induction_warmup_steps and not config.train.resume:
         from trainers.sft.warmup import induction_warmup
 

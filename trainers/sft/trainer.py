@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from trainers.models import BOOLEAN_LOGITS_TO_KEEP
 from trainers.sft.config import DataConfig, TrainConfig
 from trainers.sft.packing import (
     IGNORE_INDEX,
@@ -79,6 +80,21 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
         cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
         return torch.bfloat16 if cuda_bf16 else None
     raise ValueError(f"precision must be 'fp32', 'bf16' or 'auto', got {precision!r}")
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device that train.device `name` names ('auto': CUDA when available)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise ValueError(f"train.device must be 'auto', 'cpu' or a torch device such as "
+                         f"'cuda:0', got {name!r} ({error})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"train.device is {name!r} but torch sees no CUDA device "
+                         f"(torch {torch.__version__}); use 'auto' or 'cpu'")
+    return device
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
@@ -189,21 +205,27 @@ class SFTTrainer:
         batches, trained_tokens, real_tokens = self.micro_batches(self.step)
         loss_sum = torch.zeros((), dtype=torch.float64)
         for batch in batches:
-            inputs = {k: v.to(self.device) for k, v in batch.model_inputs().items()}
-            labels = batch.labels.to(self.device)
-            extra: dict[str, Any] = {}
-            if self.cfg.logits_on_trained_positions_only:
-                # The LM head (vocab x hidden per position) is a large share of a small
-                # model's cost; only positions with a label need logits. A 2D boolean
-                # logits_to_keep returns the kept positions flattened, in row-major order.
-                trained = labels != IGNORE_INDEX
-                extra["logits_to_keep"] = trained
-                labels = labels[trained]
             mode = self.data_cfg.packed_attention if self.data_cfg.packing \
                 else self.data_cfg.padded_attention
             use_varlen = mode == "varlen"
-            if use_varlen:
-                inputs.pop("attention_mask")
+            inputs = batch.model_inputs(with_mask=not use_varlen, device=self.device)
+            labels = batch.labels.to(self.device)
+            extra: dict[str, Any] = {}
+            kept_trained = None
+            if self.cfg.logits_on_trained_positions_only:
+                # The LM head (vocab x hidden per position) is a large share of a small
+                # model's cost; only positions with a label need logits. A [B, L] boolean
+                # logits_to_keep (transformers >= 5.20) returns them flattened in row-major
+                # order. Older 5.x take a 1-D index: the positions where any row has a
+                # label (all of them at one row per micro-batch), then a mask of the rest.
+                trained = labels != IGNORE_INDEX
+                if BOOLEAN_LOGITS_TO_KEEP:
+                    extra["logits_to_keep"] = trained
+                else:
+                    keep = trained.any(dim=0).nonzero().squeeze(1)
+                    kept_trained = trained[:, keep]
+                    extra["logits_to_keep"] = keep
+                labels = labels[trained]
             attention = packed_spans(self.model, batch.spans) if use_varlen \
                 else contextlib.nullcontext()
             # backward() stays inside the attention context: gradient checkpointing
@@ -213,6 +235,8 @@ class SFTTrainer:
                                     dtype=self.autocast_dtype or torch.float32,
                                     enabled=self.autocast_dtype is not None):
                     logits = self.model(**inputs, use_cache=False, **extra).logits
+                if kept_trained is not None:
+                    logits = logits[kept_trained]
                 token_loss_sum = masked_lm_loss_sum(logits, labels)
                 (token_loss_sum / max(1, trained_tokens)).backward()
             loss_sum += token_loss_sum.detach().double().cpu()

@@ -1,0 +1,50 @@
+#!/bin/bash
+# The GPU checks of the SFT stage and the information-gain reward, in one short run (~8 min
+# on one H100; docs/benchmarks.md, "GPU checks"):
+#
+#     bash benchmarks/gpu_checks.sh [OUTPUT_DIR]
+#
+# 1. The SFT tests with a CUDA device present: train.device defaults to 'auto', so the
+#    example's passes (tests/test_sft_example.py) train and evaluate on the GPU, in bf16
+#    where train.precision is 'auto'.
+# 2. benchmarks/sft_speed.py on the GPU: packing vs padding in bf16 (packed samples kept
+#    apart by per-span SDPA, then by a dense block mask) and in fp32.
+# 3. benchmarks/ig_speed.py --preset 1b at 32K tokens: the long-context information gain.
+# Each step has its own time limit, and a failed step does not stop the later ones; the
+# script exits non-zero if any failed. Logs go to OUTPUT_DIR (default: runs/gpu_checks).
+# STEPS="sft_tests sft_speed" runs only the steps named.
+set -u
+out=${1:-runs/gpu_checks}
+mkdir -p "$out"
+python=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
+failed=0
+steps=" ${STEPS:-sft_tests sft_speed sft_speed_mask sft_speed_fp32 ig_speed_1b} "
+
+step() {  # step NAME SECONDS COMMAND...
+    local name=$1 limit=$2
+    shift 2
+    [[ $steps == *" $name "* ]] || return 0
+    echo "== $name ($(date +%T), limit ${limit}s): $*"
+    local started=$SECONDS
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    grep -E "RESULT|passed|failed|error" "$out/$name.log" | tail -n 15
+    echo "== $name rc=$rc in $((SECONDS - started)) s"
+    [ "$rc" -eq 0 ] || failed=1
+}
+
+nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not found"
+"$python" -c "import torch, transformers; print('torch', torch.__version__, 'transformers',
+transformers.__version__, 'cuda', torch.cuda.is_available(),
+torch.cuda.get_device_name() if torch.cuda.is_available() else '')"
+
+step sft_tests 200 "$python" -m pytest -q -p no:cacheprovider tests/test_sft_trainer.py \
+    tests/test_sft_example.py tests/test_sft_packing.py tests/test_sft_models.py
+# 256 episodes (~0.5M tokens): at 32, a GPU epoch lasts a fraction of a second.
+speed=("$python" benchmarks/sft_speed.py --device cuda --episodes 256 --rounds 3)
+step sft_speed 150 "${speed[@]}" --precision bf16
+step sft_speed_mask 150 "${speed[@]}" --precision bf16 --packed-attention mask
+step sft_speed_fp32 150 "${speed[@]}" --precision fp32
+step ig_speed_1b 150 "$python" benchmarks/ig_speed.py --preset 1b --device cuda --tokens 32768
+exit $failed
