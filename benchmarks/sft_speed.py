@@ -1,6 +1,6 @@
 """SFT throughput with sequence packing vs plain padding (issue 3, item 7).
 
-    .venv/bin/python benchmarks/sft_speed.py            # defaults below; ~2 min on 2 cores
+    .venv/bin/python benchmarks/sft_speed.py            # defaults below; ~4 min on 2 cores
     python benchmarks/sft_speed.py --device cuda --precision bf16   # on a GPU
 
 Trains the same tiny model (the sft_tiny example's architecture, same initialisation) on
@@ -63,7 +63,9 @@ def run_epoch(config: SFTExperimentConfig, samples, tokenizer, packing: bool,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--episodes", type=int, default=32, help="oracle trajectories")
+    parser.add_argument("--episodes", type=int, default=64,
+                        help="oracle trajectories (at 32 the last, part-filled row alone is"
+                             " ~10%% of the slots)")
     parser.add_argument("--row-length", type=int, default=8192, help="packed row tokens")
     parser.add_argument("--max-sample-length", type=int, default=4096,
                         help="samples are truncated to this many tokens (both modes)")

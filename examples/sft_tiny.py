@@ -29,6 +29,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -44,6 +45,13 @@ from trainers.sft.pipeline import (  # noqa: E402
     train_sft,
 )
 from trainers.sft.trainer import STATE_FILE, resolve_device  # noqa: E402
+
+
+def evaluation_policy(config: SFTExperimentConfig, model: torch.nn.Module,
+                      chat: Any) -> TransformersPolicy:
+    """The policy the example evaluates: the model with the config's decoding settings."""
+    return TransformersPolicy(model, chat, max_new_tokens=config.eval.max_new_tokens,
+                              temperature=config.eval.temperature)
 
 
 def train_and_evaluate(config: SFTExperimentConfig, evaluate_untrained: bool = False
@@ -65,8 +73,7 @@ def train_and_evaluate(config: SFTExperimentConfig, evaluate_untrained: bool = F
     device = resolve_device(config.train.device)
 
     def evaluate(model: torch.nn.Module, prefix: str) -> None:
-        policy = TransformersPolicy(model, chat, max_new_tokens=config.eval.max_new_tokens,
-                                    temperature=config.eval.temperature)
+        policy = evaluation_policy(config, model, chat)
         evaluation = evaluate_policy(policy, eval_env, num_tasks=config.eval.num_tasks)
         for key, value in evaluation.summary().items():
             results[f"{prefix}{key}"] = value
@@ -93,8 +100,7 @@ def evaluate_checkpoint(config: SFTExperimentConfig, checkpoint: str) -> dict[st
     state = torch.load(Path(checkpoint) / STATE_FILE, map_location="cpu", weights_only=False)
     model.load_state_dict(state["model"])
     model = model.to(resolve_device(config.train.device))
-    policy = TransformersPolicy(model, chat, max_new_tokens=config.eval.max_new_tokens,
-                                temperature=config.eval.temperature)
+    policy = evaluation_policy(config, model, chat)
     evaluation = evaluate_policy(policy, config.eval_env_kwargs(),
                                  num_tasks=config.eval.num_tasks)
     return {"step": state["step"], **evaluation.summary()}

@@ -184,7 +184,9 @@ def test_recovery_examples_show_a_malformed_attempt_its_error_and_the_fix():
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_every_malformation_is_rejected_by_the_protocol(seed):
+@pytest.mark.parametrize("kinds", [None, ("phrase_loop",), ("cut", "loop", "json",
+                                                            "phrase_loop")])
+def test_every_malformation_is_rejected_by_the_protocol(seed, kinds):
     import random
 
     from trainers.data.oracle_data import malformed_version
@@ -193,6 +195,29 @@ def test_every_malformation_is_rejected_by_the_protocol(seed):
         num_episodes=1, seed=seed, env_kwargs=ENV, mixture=SHORT_MIXTURE))[0]
     rng = random.Random(seed)
     for turn in trajectory.turns:
-        broken = malformed_version(turn.assistant, rng)
+        broken = malformed_version(turn.assistant, rng, *([kinds] if kinds else []))
         assert broken is not None and broken != turn.assistant
         assert not parse_turn(broken).valid
+
+
+def test_phrase_loops_repeat_a_phrase_like_a_turn_run_into_the_token_cap():
+    import random
+
+    from trainers.data.oracle_data import malformed_version
+    turn = "<think>\nSo the mayor of Pallosgrad is the one to find.\n</think>\n<answer>X</answer>"
+    rng = random.Random(0)
+    for _ in range(20):
+        broken = malformed_version(turn, rng, ("phrase_loop",))
+        # the turn, cut somewhere before its last closing tag, then the loop
+        assert turn.startswith(broken.split(" ")[0]) and broken.split(" ")[0] != turn
+        words = broken.split()
+        # some phrase of 1-4 words fills the tail: it comes back at least 20 times in a row
+        assert any(words[-k:] * 20 == words[-20 * k:] for k in range(1, 5))
+    trajectories = generate_oracle_trajectories(OracleDataConfig(
+        num_episodes=6, seed=4, env_kwargs=ENV, mixture=SHORT_MIXTURE, recovery_prob=0.3,
+        recovery_kinds=("phrase_loop",)))
+    attempts = [turn for t in trajectories for turn in t.turns if not turn.valid]
+    assert attempts and all(len(turn.assistant.split()) >= 20 for turn in attempts)
+    assert trajectories[0].metadata["recovery_kinds"] == ["phrase_loop"]
+    with pytest.raises(ValueError, match="recovery_kinds must be a non-empty subset"):
+        OracleDataConfig(recovery_kinds=("typo",))

@@ -20,6 +20,11 @@ after one malformed turn). With recovery_prob > 0 some turns are preceded by a m
 attempt (cut off mid-way, a repetition loop, or broken tool-call JSON: the mistakes tiny
 models make), the environment's real error reply, and then the oracle's turn. The attempt
 is an assistant message with `"weight": 0`: context, never a training target.
+`recovery_kinds` picks the attempts' kinds (MALFORMATIONS). "phrase_loop" (opt-in) is the
+loop greedy decoding really produces: a phrase of 1-4 words repeated 20-120 times, as when a
+turn runs into the token cap. A model that has only seen short loops tends to copy its own
+long loop into the next turn and the turn after (measured: 24 of a tiny model's 25 invalid
+turns on 53 validation tasks sat in three such cascades).
 
 Where we deviate from DR-Venus and why
 * The data is written by a scripted oracle over a generated world, not by a frontier
@@ -45,7 +50,9 @@ from trainers.trajectory import Trajectory, Turn, check_invariants
 from venus_gym.protocol import parse_turn
 from venus_gym.worlds.oracle import OracleAgent
 
-MALFORMATIONS: tuple[str, ...] = ("cut", "loop", "json")
+MALFORMATIONS: tuple[str, ...] = ("cut", "loop", "json", "phrase_loop")
+# The kinds recovery examples use unless told otherwise (what runs e10-e13 were trained on).
+DEFAULT_RECOVERY_KINDS: tuple[str, ...] = ("cut", "loop", "json")
 
 # Upper bin edges of the turn histogram; the last bin is open-ended. 50 and 100 are the
 # DR-Venus resampling thresholds.
@@ -96,8 +103,8 @@ class OracleDataConfig:
     world_seeds: play in these synthetic worlds instead of env_kwargs' own (the episodes are
     split evenly over them, in order). Training on worlds other than the evaluation world
     means no held-out entity was ever seen: a model can only answer by reading.
-    recovery_prob: see the module docstring. plan_steps: the oracle writes its step plan
-    (OracleAgent).
+    recovery_prob, recovery_kinds: see the module docstring. plan_steps: the oracle writes
+    its step plan (OracleAgent).
     """
 
     num_episodes: int = 200
@@ -107,11 +114,16 @@ class OracleDataConfig:
     keep_only_correct: bool = True
     world_seeds: Sequence[int] = ()
     recovery_prob: float = 0.0
+    recovery_kinds: Sequence[str] = DEFAULT_RECOVERY_KINDS
     plan_steps: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.recovery_prob < 1.0:
             raise ValueError(f"recovery_prob must be in [0, 1), got {self.recovery_prob!r}")
+        unknown = sorted(set(self.recovery_kinds) - set(MALFORMATIONS))
+        if unknown or not self.recovery_kinds:
+            raise ValueError(f"recovery_kinds must be a non-empty subset of {MALFORMATIONS}, "
+                             f"got {tuple(self.recovery_kinds)!r}")
 
 
 def make_train_env(env_kwargs: dict[str, Any] | None = None) -> gym.Env:
@@ -121,14 +133,17 @@ def make_train_env(env_kwargs: dict[str, Any] | None = None) -> gym.Env:
     return gym.make("DeepResearch-v0", **kwargs)
 
 
-def malformed_version(turn: str, rng: random.Random) -> str | None:
-    """A broken copy of a well-formed turn, of a seeded kind (MALFORMATIONS): cut before its
-    last closing tag, cut and then one word repeated (a greedy loop), or one character of
-    the tool call's JSON dropped. None when no kind yields a turn the protocol rejects."""
+def malformed_version(turn: str, rng: random.Random,
+                      kinds: Sequence[str] = DEFAULT_RECOVERY_KINDS) -> str | None:
+    """A broken copy of a well-formed turn, of a seeded kind drawn from `kinds`
+    (MALFORMATIONS): cut before its last closing tag; cut and then one word repeated 8-40
+    times (a short loop); cut and then its last 1-4 words repeated 20-120 times (a loop run
+    into the token cap); or one character of the tool call's JSON dropped. None when no
+    kind yields a turn the protocol rejects."""
     close = turn.rfind("</")
     if close < 2:
         return None
-    kinds = list(MALFORMATIONS)
+    kinds = list(kinds)
     rng.shuffle(kinds)
     for kind in kinds:
         cut = rng.randint(1, close - 1)
@@ -137,6 +152,10 @@ def malformed_version(turn: str, rng: random.Random) -> str | None:
         elif kind == "loop":
             words = turn[:cut].split()
             broken = turn[:cut] + (" " + words[-1]) * rng.randint(8, 40) if words else turn[:cut]
+        elif kind == "phrase_loop":
+            words = turn[:cut].split()
+            phrase = " ".join(words[-rng.randint(1, min(4, len(words))):]) if words else ""
+            broken = turn[:cut] + (" " + phrase) * rng.randint(20, 120)
         else:
             body_start = turn.find("{")
             if body_start < 0:
@@ -160,9 +179,11 @@ def _room_for_a_mistake(base: Any, broken: str) -> bool:
 def run_oracle_episode(env: gym.Env, task_index: int, agent_seed: int,
                        mixture: OracleMixture, target_turns: int | None,
                        trajectory_id: str, recovery_prob: float = 0.0,
-                       plan_steps: bool = True) -> Trajectory:
+                       plan_steps: bool = True,
+                       recovery_kinds: Sequence[str] = DEFAULT_RECOVERY_KINDS) -> Trajectory:
     """Play one oracle episode on task `task_index` and record it as a text Trajectory.
-    recovery_prob: the chance that a turn is first tried malformed (module docstring).
+    recovery_prob: the chance that a turn is first tried malformed, in one of
+    recovery_kinds (module docstring).
     plan_steps: the oracle writes its step plan (OracleAgent)."""
     base = env.unwrapped
     observation, info = env.reset(seed=agent_seed, options={"task_index": task_index})
@@ -177,7 +198,8 @@ def run_oracle_episode(env: gym.Env, task_index: int, agent_seed: int,
     rng = random.Random(f"recovery:{agent_seed}")
     while not done:
         action = agent.act(observation)
-        broken = malformed_version(action, rng) if rng.random() < recovery_prob else None
+        broken = malformed_version(action, rng, recovery_kinds) \
+            if rng.random() < recovery_prob else None
         if broken is not None and _room_for_a_mistake(base, broken):
             error_reply, _, _, truncated, info = env.step(broken)
             if info["valid"] or truncated:
@@ -207,7 +229,7 @@ def run_oracle_episode(env: gym.Env, task_index: int, agent_seed: int,
         metadata={"source": "oracle", "hops": task.hops, "agent_seed": agent_seed,
                   "detour_prob": mixture.detour_prob, "target_turns": target_turns,
                   "style": mixture.style, "recovery_prob": recovery_prob,
-                  "plan_steps": plan_steps})
+                  "recovery_kinds": list(recovery_kinds), "plan_steps": plan_steps})
 
 
 def generate_oracle_trajectories(config: OracleDataConfig) -> list[Trajectory]:
@@ -254,7 +276,8 @@ def _episodes_in_world(config: OracleDataConfig, env_kwargs: dict[str, Any],
         trajectory = run_oracle_episode(env, task_index, agent_seed, component, target,
                                         trajectory_id=f"oracle-{config.seed}-{episode:06d}",
                                         recovery_prob=config.recovery_prob,
-                                        plan_steps=config.plan_steps)
+                                        plan_steps=config.plan_steps,
+                                        recovery_kinds=config.recovery_kinds)
         if config.keep_only_correct and trajectory.outcome != 1.0:
             continue
         trajectories.append(trajectory)

@@ -65,6 +65,10 @@ class DataConfig:
     recovery_prob: float = _help("Chance that an oracle turn is first tried malformed: the "
                                  "attempt (weight 0, not trained on) and the env's error reply "
                                  "precede the turn, so the model learns to recover.", 0.0)
+    recovery_kinds: tuple[str, ...] = _help(
+        "Kinds of malformed attempts (trainers.data.oracle_data.MALFORMATIONS): 'cut', "
+        "'loop' (one word, 8-40 times), 'json', 'phrase_loop' (1-4 words, 20-120 times: a "
+        "loop run into the token cap).", ("cut", "loop", "json"))
     plan_steps: bool = _help("The oracle's first turn decomposes the question into steps "
                              "('Step 1: ... Step 2: ...') and later searches restate theirs. "
                              "Helps a long run map questions to relations; a short run "

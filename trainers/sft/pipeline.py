@@ -104,6 +104,7 @@ def oracle_data_config(config: SFTExperimentConfig) -> OracleDataConfig:
                             env_kwargs=config.env_kwargs(), mixture=MIXTURES[config.data.mixture],
                             world_seeds=tuple(config.data.world_seeds),
                             recovery_prob=config.data.recovery_prob,
+                            recovery_kinds=tuple(config.data.recovery_kinds),
                             plan_steps=config.data.plan_steps)
 
 
