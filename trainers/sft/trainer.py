@@ -204,10 +204,10 @@ class SFTTrainer:
         self.model.train()
         batches, trained_tokens, real_tokens = self.micro_batches(self.step)
         loss_sum = torch.zeros((), dtype=torch.float64)
+        mode = self.data_cfg.packed_attention if self.data_cfg.packing \
+            else self.data_cfg.padded_attention
+        use_varlen = mode == "varlen"
         for batch in batches:
-            mode = self.data_cfg.packed_attention if self.data_cfg.packing \
-                else self.data_cfg.padded_attention
-            use_varlen = mode == "varlen"
             inputs = batch.model_inputs(with_mask=not use_varlen, device=self.device)
             labels = batch.labels.to(self.device)
             extra: dict[str, Any] = {}
