@@ -1,12 +1,14 @@
 #!/bin/bash
-# The GPU checks of the SFT stage and the information-gain reward, in one short run (~8 min
-# on one H100; docs/benchmarks.md, "GPU checks"):
+# The GPU checks of the SFT stage and the information-gain reward, in one short run (~7 min
+# of commands plus the machine's start: the eighth session's three calls took 24 s for the
+# tests, 277 s for the three packing runs and 68 s for the IG run; docs/benchmarks.md,
+# "GPU checks"):
 #
 #     bash benchmarks/gpu_checks.sh [OUTPUT_DIR]
 #
-# 1. The SFT tests with a CUDA device present: train.device defaults to 'auto', so the
-#    example's passes (tests/test_sft_example.py) train and evaluate on the GPU, in bf16
-#    where train.precision is 'auto'.
+# 1. The SFT and policy tests with a CUDA device present: train.device defaults to 'auto',
+#    so the example's passes (tests/test_sft_example.py) train and evaluate on the GPU, and
+#    the CUDA-only resume test runs.
 # 2. benchmarks/sft_speed.py on the GPU: packing vs padding in bf16 (packed samples kept
 #    apart by per-span SDPA, then by a dense block mask) and in fp32.
 # 3. benchmarks/ig_speed.py --preset 1b at 32K tokens: the long-context information gain.
@@ -40,7 +42,8 @@ transformers.__version__, 'cuda', torch.cuda.is_available(),
 torch.cuda.get_device_name() if torch.cuda.is_available() else '')"
 
 step sft_tests 200 "$python" -m pytest -q -p no:cacheprovider tests/test_sft_trainer.py \
-    tests/test_sft_example.py tests/test_sft_packing.py tests/test_sft_models.py
+    tests/test_sft_example.py tests/test_sft_packing.py tests/test_sft_models.py \
+    tests/test_policy_eval.py
 # 256 episodes (~0.5M tokens): at 32, a GPU epoch lasts a fraction of a second.
 speed=("$python" benchmarks/sft_speed.py --device cuda --episodes 256 --rounds 3)
 step sft_speed 150 "${speed[@]}" --precision bf16

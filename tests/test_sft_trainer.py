@@ -76,6 +76,33 @@ def test_resume_matches_uninterrupted_run(tokenizer, tmp_path):
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device "
+                    "(benchmarks/gpu_checks.sh runs it on a GPU machine)")
+def test_resume_on_a_gpu_matches_uninterrupted_run(tokenizer, tmp_path):
+    """The checkpoint holds CUDA RNG states; loading maps them to the GPU, where the CUDA
+    generator refuses them unless they go back to the CPU first. GPU kernels need not be
+    bitwise deterministic, so losses are compared with a tolerance."""
+    samples = make_samples(len(tokenizer))
+
+    def on_gpu(directory):
+        train = TrainConfig(lr=3e-3, output_dir=str(directory), progress_bar=False,
+                            log_every=1000, max_steps=4)
+        model = build_tiny_causal_lm(tokenizer, hidden=64, layers=2, seed=0).cuda().train()
+        return SFTTrainer(model, samples, train, DataConfig(max_seq_len=64),
+                          tokenizer.pad_token_id, log=lambda _: None)
+
+    full_history = on_gpu(tmp_path / "full").train()
+    first = on_gpu(tmp_path / "part")
+    first.train(max_steps=2)
+    checkpoint = first.save_checkpoint()
+    resumed = on_gpu(tmp_path / "part")
+    resumed.load_checkpoint(checkpoint)
+    resumed_history = resumed.train()
+    assert resumed.step == 4
+    assert [m["loss"] for m in resumed_history] == pytest.approx(
+        [m["loss"] for m in full_history[2:]], rel=1e-4)
+
+
 def test_accumulation_matches_one_big_batch(tokenizer, tmp_path):
     samples = make_samples(len(tokenizer), seed=1)
     accumulated = make_trainer(tokenizer, tmp_path / "a", samples, max_steps=3, grad_accum=4)

@@ -68,7 +68,8 @@ class DataConfig:
     recovery_kinds: tuple[str, ...] = _help(
         "Kinds of malformed attempts (trainers.data.oracle_data.MALFORMATIONS): 'cut', "
         "'loop' (one word, 8-40 times), 'json', 'phrase_loop' (1-4 words, 20-120 times: a "
-        "loop run into the token cap).", ("cut", "loop", "json"))
+        "loop run into the token cap). The order is part of the seed: the same kinds in "
+        "another order draw other data.", ("cut", "loop", "json"))
     plan_steps: bool = _help("The oracle's first turn decomposes the question into steps "
                              "('Step 1: ... Step 2: ...') and later searches restate theirs. "
                              "Helps a long run map questions to relations; a short run "
@@ -122,7 +123,8 @@ class TrainConfig:
     threads_per_worker: int = _help("torch intra-op threads per worker (0 = leave as is).", 0)
     device: str = _help("Where a single-process run trains: 'auto' (the current CUDA device "
                         "when there is one, else CPU), 'cpu', or a torch device such as "
-                        "'cuda:1'. Data-parallel workers each take their own GPU (or CPU).",
+                        "'cuda:1'. Data-parallel workers do not read it (NCCL on the "
+                        "current CUDA device when their process sees one, else gloo on CPU).",
                         "auto")
     induction_warmup_steps: int = _help("Steps of the shuffled-chunk copy task before SFT "
                                         "(trainers/sft/warmup.py: random sequences whose "

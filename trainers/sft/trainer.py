@@ -381,5 +381,6 @@ class SFTTrainer:
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"].cpu())
         if state["rng"]["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+            # map_location put these on the GPU; generator states must be CPU byte tensors.
+            torch.cuda.set_rng_state_all([rng.cpu() for rng in state["rng"]["cuda"]])
         self.log(f"resumed from {directory} at step {self.step}")
