@@ -221,3 +221,8 @@ def test_phrase_loops_repeat_a_phrase_like_a_turn_run_into_the_token_cap():
     assert trajectories[0].metadata["recovery_kinds"] == ["phrase_loop"]
     with pytest.raises(ValueError, match="recovery_kinds must be a non-empty subset"):
         OracleDataConfig(recovery_kinds=("typo",))
+    # the SFT config's default (kept as a literal there, so configs load without the env)
+    # is the data generator's, in the same order, which is part of the seed
+    from trainers.data.oracle_data import DEFAULT_RECOVERY_KINDS
+    from trainers.sft.config import DataConfig
+    assert DataConfig().recovery_kinds == DEFAULT_RECOVERY_KINDS

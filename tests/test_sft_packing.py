@@ -45,7 +45,7 @@ def test_labels_stay_inside_sample():
     assert labels[:7] == [6, IGNORE_INDEX, 8, IGNORE_INDEX, 10, 11, IGNORE_INDEX]
     assert labels[7:] == [IGNORE_INDEX] * 3
     assert batch.position_ids[0].tolist() == [0, 1, 2, 3, 0, 1, 2, 0, 0, 0]
-    mask = batch.attention_mask[0, 0]
+    mask = batch.attention_mask_on("cpu")[0, 0]
     assert not mask[4, :4].any() and mask[4, 4] and mask[6, 4:7].all()
     assert batch.trained_tokens == 4 and batch.real_tokens == 7
 

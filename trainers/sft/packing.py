@@ -142,10 +142,6 @@ class Batch:
     def slots(self) -> int:
         return int(self.input_ids.numel())
 
-    @property
-    def attention_mask(self) -> torch.Tensor:
-        return self.attention_mask_on(self.segments.device)
-
     def attention_mask_on(self, device: torch.device | str) -> torch.Tensor:
         """[B, 1, L, L] bool block-diagonal causal (packed) or [B, L] 0/1 padding mask
         (padded), built on `device`."""
