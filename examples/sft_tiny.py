@@ -24,6 +24,7 @@ nothing about the environment is simplified for the model beyond those arguments
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -34,8 +35,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 
-from trainers.policy import TransformersPolicy, evaluate_policy  # noqa: E402
+from trainers.policy import PolicyEvaluation, TransformersPolicy, evaluate_policy  # noqa: E402
 from trainers.sft.config import SFTExperimentConfig, config_to_dict, load_config  # noqa: E402
 from trainers.sft.pipeline import (  # noqa: E402
     build_chat,
@@ -48,10 +50,27 @@ from trainers.sft.trainer import STATE_FILE, resolve_device  # noqa: E402
 
 
 def evaluation_policy(config: SFTExperimentConfig, model: torch.nn.Module,
-                      chat: Any) -> TransformersPolicy:
+                      chat: Any, seed: int = 0) -> TransformersPolicy:
     """The policy the example evaluates: the model with the config's decoding settings."""
     return TransformersPolicy(model, chat, max_new_tokens=config.eval.max_new_tokens,
-                              temperature=config.eval.temperature)
+                              temperature=config.eval.temperature, seed=seed)
+
+
+def evaluate_model(config: SFTExperimentConfig, model: torch.nn.Module,
+                   chat: Any) -> dict[str, float]:
+    """Play the held-out tasks once per eval seed. Returns the rates over all episodes and,
+    with several seeds, each seed's format-valid rate and accuracy (the spread is the noise
+    of one 50-task evaluation)."""
+    pooled, per_seed = PolicyEvaluation(), {}
+    for seed in config.eval.seeds:
+        evaluation = evaluate_policy(evaluation_policy(config, model, chat, seed),
+                                     config.eval_env_kwargs(), num_tasks=config.eval.num_tasks)
+        pooled.trajectories += evaluation.trajectories
+        pooled.episodes += evaluation.episodes
+        if len(config.eval.seeds) > 1:
+            per_seed[f"format_valid_rate_seed{seed}"] = evaluation.format_valid_rate
+            per_seed[f"accuracy_seed{seed}"] = evaluation.accuracy
+    return {**pooled.summary(), **per_seed}
 
 
 def train_and_evaluate(config: SFTExperimentConfig, evaluate_untrained: bool = False
@@ -69,41 +88,42 @@ def train_and_evaluate(config: SFTExperimentConfig, evaluate_untrained: bool = F
     print(f"data: {len(samples)} samples, {sum(map(len, samples))} tokens "
           f"({time.perf_counter() - started:.1f} s)", flush=True)
     results: dict[str, float] = {}
-    eval_env = config.eval_env_kwargs()
     device = resolve_device(config.train.device)
-
-    def evaluate(model: torch.nn.Module, prefix: str) -> None:
-        policy = evaluation_policy(config, model, chat)
-        evaluation = evaluate_policy(policy, eval_env, num_tasks=config.eval.num_tasks)
-        for key, value in evaluation.summary().items():
-            results[f"{prefix}{key}"] = value
-
     if evaluate_untrained:  # the same seeded initialisation train_sft starts from
-        evaluate(build_model(config.model, tokenizer).to(device), "untrained_")
+        untrained = build_model(config.model, tokenizer).to(device)
+        results.update({f"untrained_{key}": value
+                        for key, value in evaluate_model(config, untrained, chat).items()})
     model, tokenizer, history = train_sft(config, samples)
     results["train_loss_last"] = history[-1]["loss"] if history else float("nan")
     results["train_tokens_per_s"] = sum(m["tokens"] for m in history) / max(
         1e-9, sum(m["step_time_s"] for m in history)) if history else 0.0
-    evaluate(model, "")
+    results.update(evaluate_model(config, model, chat))
     results["wall_s"] = time.perf_counter() - started
     (output_dir / "eval.json").write_text(json.dumps(results, indent=2))
     return results
 
 
 def evaluate_checkpoint(config: SFTExperimentConfig, checkpoint: str) -> dict[str, float]:
-    """Evaluate the model weights of a saved training checkpoint (no training)."""
+    """Evaluate the weights of a training checkpoint (checkpoint-NNNNNNN) or of a saved model
+    (train.output_dir/final) under the config's tokenizer and decoding (no training)."""
     if config.train.threads_per_worker:
         torch.set_num_threads(config.train.threads_per_worker)
     tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
     chat = build_chat(tokenizer)
     model = build_model(config.model, tokenizer)
-    state = torch.load(Path(checkpoint) / STATE_FILE, map_location="cpu", weights_only=False)
-    model.load_state_dict(state["model"])
+    if (Path(checkpoint) / STATE_FILE).exists():  # a training checkpoint
+        state = torch.load(Path(checkpoint) / STATE_FILE, map_location="cpu",
+                           weights_only=False)
+        step, weights = state["step"], state["model"]
+    elif (Path(checkpoint) / "config.json").exists():  # a saved model (train.output_dir/final)
+        step = "final"
+        weights = AutoModelForCausalLM.from_pretrained(checkpoint).state_dict()
+    else:
+        raise FileNotFoundError(f"{checkpoint} holds neither a training checkpoint "
+                                f"({STATE_FILE}) nor a saved model (config.json)")
+    model.load_state_dict(weights)
     model = model.to(resolve_device(config.train.device))
-    policy = evaluation_policy(config, model, chat)
-    evaluation = evaluate_policy(policy, config.eval_env_kwargs(),
-                                 num_tasks=config.eval.num_tasks)
-    return {"step": state["step"], **evaluation.summary()}
+    return {"step": step, **evaluate_model(config, model, chat)}
 
 
 def main() -> None:
@@ -118,12 +138,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="override train.threads_per_worker (torch threads)")
     parser.add_argument("--eval-checkpoint", default=None,
-                        help="only evaluate this checkpoint directory's weights")
+                        help="only evaluate the weights of this checkpoint directory or saved "
+                             "model directory (e.g. runs/<run>/final)")
     parser.add_argument("--eval-tasks", type=int, default=None,
                         help="override eval.num_tasks")
     parser.add_argument("--eval-world-seed", type=int, default=None,
                         help="override eval.world_seed: play the test tasks of this world "
                              "(a validation world no training data came from)")
+    parser.add_argument("--eval-temperature", type=float, default=None,
+                        help="override eval.temperature (0 = greedy)")
+    parser.add_argument("--eval-seeds", type=int, nargs="+", default=None,
+                        help="override eval.seeds (sampling seeds; each plays every task)")
     args = parser.parse_args()
     if len(args.config) > 1 and (args.resume or args.eval_checkpoint):
         parser.error("--resume and --eval-checkpoint name one run: give them one --config")
@@ -139,6 +164,14 @@ def main() -> None:
             config.eval.num_tasks = args.eval_tasks
         if args.eval_world_seed is not None:
             config.eval.world_seed = args.eval_world_seed
+        decoding = {"temperature": args.eval_temperature,
+                    "seeds": None if args.eval_seeds is None else tuple(args.eval_seeds)}
+        decoding = {key: value for key, value in decoding.items() if value is not None}
+        if decoding:  # replace() re-runs EvalConfig's checks on the new combination
+            try:
+                config.eval = dataclasses.replace(config.eval, **decoding)
+            except ValueError as error:
+                parser.error(f"{path}: {error}")
         if len(configs) > 1:
             print(f"== {path}", flush=True)
         if args.eval_checkpoint:

@@ -3,6 +3,7 @@ pass's final model (how the seventh session's three passes run as one command)."
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -79,3 +80,81 @@ def test_eval_world_seed_flag_reaches_only_the_evaluation(tmp_path, monkeypatch)
                                       "--eval-checkpoint", "ck", "--eval-world-seed", "45"])
     example.main()
     assert seen == [(45, 0, "ck")]
+
+
+def test_sampled_evaluation_pools_seeds_and_reports_each(tmp_path):
+    """eval.seeds: each seed plays every task with its own sampling stream; the result pools
+    all episodes and names each seed's rates."""
+    from trainers.sft.config import load_config
+    from trainers.sft.pipeline import build_chat, build_model, build_tokenizer
+
+    path = write_config(tmp_path / "a.yaml", {}, {"output_dir": str(tmp_path / "a")})
+    config = load_config(path)
+    config.eval = dataclasses.replace(config.eval, num_tasks=2, max_new_tokens=12,
+                                      temperature=1.0, seeds=(3, 4))
+    tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
+    chat = build_chat(tokenizer)
+    model = build_model(config.model, tokenizer)
+    example = load_example()
+    played = []
+    original = example.evaluate_policy
+
+    def spy(policy, env_kwargs, num_tasks):
+        evaluation = original(policy, env_kwargs, num_tasks=num_tasks, progress=False)
+        played.append([t.input_ids for t in evaluation.trajectories])
+        return evaluation
+
+    example.evaluate_policy = spy
+    results = example.evaluate_model(config, model, chat)
+    assert results["episodes"] == 4  # 2 tasks x 2 seeds
+    assert set(results) >= {"format_valid_rate_seed3", "format_valid_rate_seed4",
+                            "accuracy_seed3", "accuracy_seed4"}
+    assert len(played) == 2 and played[0] != played[1]  # the seeds sampled differently
+    assert results["accuracy"] == pytest.approx(
+        (results["accuracy_seed3"] + results["accuracy_seed4"]) / 2)
+
+
+def test_greedy_evaluation_refuses_several_seeds(tmp_path, monkeypatch, capsys):
+    from trainers.sft.config import EvalConfig
+
+    with pytest.raises(ValueError, match="greedy decoding plays the same episodes"):
+        EvalConfig(temperature=0.0, seeds=(0, 1))
+    with pytest.raises(ValueError, match="eval.seeds is empty"):
+        EvalConfig(temperature=0.5, seeds=())
+    with pytest.raises(ValueError, match="eval.seeds must be integers, got \\[0, 'a'\\]"):
+        EvalConfig(temperature=0.5, seeds=(0, "a"))
+    with pytest.raises(ValueError, match="eval.temperature must be >= 0"):
+        EvalConfig(temperature=-0.1)
+    config = write_config(tmp_path / "a.yaml", {}, {"output_dir": str(tmp_path / "a")})
+    monkeypatch.setattr(sys, "argv", ["sft_tiny.py", "--config", str(config),
+                                      "--eval-seeds", "0", "1"])
+    with pytest.raises(SystemExit):
+        load_example().main()
+    assert "greedy decoding plays the same episodes" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+
+
+def test_eval_checkpoint_takes_a_saved_model_directory(tmp_path, monkeypatch):
+    """--eval-checkpoint runs/<run>/final evaluates that model's weights, not the config's
+    starting model."""
+    import torch
+
+    from trainers.sft.config import load_config
+    from trainers.sft.pipeline import build_model, build_tokenizer
+
+    config = load_config(write_config(tmp_path / "a.yaml", {}, {"output_dir": str(tmp_path)}))
+    tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
+    saved = build_model(config.model, tokenizer)
+    with torch.no_grad():
+        for parameter in saved.parameters():
+            parameter.add_(1.0)
+    saved.save_pretrained(tmp_path / "final")
+    example = load_example()
+    seen = {}
+    monkeypatch.setattr(example, "evaluate_model",
+                        lambda config, model, chat: seen.update(model.state_dict()) or {})
+    assert example.evaluate_checkpoint(config, str(tmp_path / "final")) == {"step": "final"}
+    for name, value in saved.state_dict().items():
+        assert torch.equal(seen[name], value), name
+    with pytest.raises(FileNotFoundError, match="neither a training checkpoint"):
+        example.evaluate_checkpoint(config, str(tmp_path))

@@ -142,11 +142,31 @@ class EvalConfig:
 
     num_tasks: int = _help("Held-out (test split) tasks to evaluate (0 = all).", 0)
     max_new_tokens: int = _help("Token cap per generated turn.", 256)
-    temperature: float = _help("0 = greedy decoding.", 0.0)
+    temperature: float = _help("0 = greedy decoding; > 0 samples from softmax(logits / "
+                               "temperature). A small model decoded greedily tends to copy a "
+                               "repetition loop into its later turns; sampling at a low "
+                               "temperature can leave it, but one run is then noisier: "
+                               "use several seeds (docs/benchmarks.md, ninth session).", 0.0)
+    seeds: tuple[int, ...] = _help("Sampling seeds. With temperature > 0 each seed plays every "
+                                   "task once; the results pool all episodes, and eval.json "
+                                   "also gives each seed's rates. Greedy decoding takes one "
+                                   "seed (all would play the same episodes).", (0,))
     max_turns: int = _help("Turn budget per episode (env max_turns).", 12)
     world_seed: int = _help("World whose test tasks are played (-1 = env.world_seed). Another "
                             "world no training data came from is a validation set: choose "
                             "checkpoints on it, not on the test tasks you report.", -1)
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"eval.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not self.seeds:
+            raise ValueError("eval.seeds is empty: give at least one sampling seed")
+        if not all(isinstance(seed, int) and not isinstance(seed, bool) for seed in self.seeds):
+            raise ValueError(f"eval.seeds must be integers, got {list(self.seeds)!r}")
+        if self.temperature == 0 and len(self.seeds) > 1:
+            raise ValueError(f"eval.seeds has {len(self.seeds)} seeds but eval.temperature is 0: "
+                             "greedy decoding plays the same episodes for every seed; give one "
+                             "seed or a temperature > 0")
 
 
 @dataclass
