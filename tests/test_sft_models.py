@@ -28,3 +28,53 @@ def test_unknown_model_name_is_a_clear_error(tmp_path):
     tokenizer = build_chatml_tokenizer(["x y z"] * 4, vocab_size=300)
     with pytest.raises(ValueError, match="local directory"):
         build_model(ModelConfig(name=str(tmp_path / "missing")), tokenizer)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_grown_model_computes_the_same_logits_and_its_new_layers_learn(tmp_path, arch):
+    """Block expansion: new layers start as the identity (same logits, same cached
+    generation), get gradients, and the grown model saves and loads with its new depth."""
+    from trainers.models import grow_layers
+
+    tokenizer = build_chatml_tokenizer(["a small corpus for a small tokenizer"] * 4,
+                                       vocab_size=300)
+    model = build_tiny_causal_lm(tokenizer, arch=arch, hidden=64, layers=3, seed=5)
+    grown = grow_layers(model, [0, 2])
+    assert grown.config.num_hidden_layers == 5 and model.config.num_hidden_layers == 3
+    assert not grown.training
+    layers = grown.model.layers
+    for new, source in ((1, 0), (4, 2)):
+        assert not layers[new].self_attn.o_proj.weight.any()
+        assert not layers[new].mlp.down_proj.weight.any()
+        assert torch.equal(layers[new].self_attn.q_proj.weight,
+                           model.model.layers[source].self_attn.q_proj.weight)
+    for old, kept in ((0, 0), (1, 2), (2, 3)):  # the original layers, in order, unchanged
+        assert torch.equal(layers[kept].mlp.down_proj.weight,
+                           model.model.layers[old].mlp.down_proj.weight)
+    ids = torch.tensor([tokenizer.encode("a small corpus for a small")])
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, grown(ids).logits, atol=1e-6)
+        prompt = {"input_ids": ids, "max_new_tokens": 6, "do_sample": False}
+        assert torch.equal(model.generate(**prompt), grown.generate(**prompt))
+    grown.train()
+    grown(ids, labels=ids).loss.backward()
+    assert layers[1].self_attn.o_proj.weight.grad.abs().sum() > 0
+    assert layers[4].mlp.down_proj.weight.grad.abs().sum() > 0
+    grown.save_pretrained(tmp_path)
+    loaded = build_model(ModelConfig(name=str(tmp_path)), tokenizer)
+    assert loaded.config.num_hidden_layers == 5
+    assert torch.equal(loaded.model.layers[4].mlp.up_proj.weight, layers[4].mlp.up_proj.weight)
+
+
+def test_model_config_grows_a_loaded_model_and_refuses_bad_indices(tmp_path):
+    from trainers.models import grow_layers
+
+    tokenizer = build_chatml_tokenizer(["x y z"] * 4, vocab_size=300)
+    saved = build_tiny_causal_lm(tokenizer, hidden=64, layers=2, seed=1)
+    saved.save_pretrained(tmp_path)
+    grown = build_model(ModelConfig(name=str(tmp_path), grow_layers_after=(1,)), tokenizer)
+    assert grown.training and grown.config.num_hidden_layers == 3
+    with pytest.raises(ValueError, match=r"distinct layer indices in \[0, 2\), got \[2\]"):
+        grow_layers(saved, [2])
+    with pytest.raises(ValueError, match="distinct layer indices"):
+        grow_layers(saved, [0, 0])

