@@ -10,9 +10,9 @@ final model; ~2.2 h on 2 cores; a fourth pass, sft_compact_fourth.yaml, made it 
         examples/configs/sft_compact_more.yaml examples/configs/sft_compact_third.yaml
 
 Steps: train a BPE tokenizer on the embedded world's text; let the oracle agent write SFT
-trajectories on the *train* split; masked SFT with packing (trainers.sft); then greedy
-decoding in DeepResearch-v0 on the held-out *test* split, counting format-valid turns
-(env info["valid"]) and correct answers. Writes metrics.jsonl, the final model and
+trajectories on the *train* split; masked SFT with packing (trainers.sft); then decoding
+(greedy, or sampled with eval.temperature over eval.seeds) in DeepResearch-v0 on the
+held-out *test* split, counting format-valid turns (env info["valid"]) and correct answers. Writes metrics.jsonl, the final model and
 eval.json under train.output_dir and prints `RESULT name=value` lines.
 
 Honest settings (docs/sft.md): the environment's own system prompt (full or compact, as
@@ -121,7 +121,12 @@ def evaluate_checkpoint(config: SFTExperimentConfig, checkpoint: str) -> dict[st
     else:
         raise FileNotFoundError(f"{checkpoint} holds neither a training checkpoint "
                                 f"({STATE_FILE}) nor a saved model (config.json)")
-    model.load_state_dict(weights)
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as error:  # e.g. a 3-layer model under a config that grows to 5
+        raise ValueError(f"the weights in {checkpoint} do not fit the model the config builds "
+                         f"(model.name {config.model.name!r}, grow_layers_after "
+                         f"{list(config.model.grow_layers_after)}): {error}") from error
     model = model.to(resolve_device(config.train.device))
     return {"step": step, **evaluate_model(config, model, chat)}
 

@@ -78,3 +78,10 @@ def test_model_config_grows_a_loaded_model_and_refuses_bad_indices(tmp_path):
         grow_layers(saved, [2])
     with pytest.raises(ValueError, match="distinct layer indices"):
         grow_layers(saved, [0, 0])
+    with pytest.raises(ValueError, match=r"grow_layers_after must be distinct layer indices "
+                                         r">= 0, got \[0.5\]"):
+        ModelConfig(grow_layers_after=(0.5,))
+    other = build_tiny_causal_lm(tokenizer, arch="llama", hidden=64, layers=1)
+    other.config.model_type = "gpt2"  # stands in for an architecture grow_layers cannot grow
+    with pytest.raises(ValueError, match="grow_layers supports model types .* got 'gpt2'"):
+        grow_layers(other, [0])

@@ -205,6 +205,7 @@ def build_tiny_causal_lm(tokenizer: Any, arch: str = "qwen3", hidden: int = 64, 
     return model.eval()
 
 
+GROWABLE_MODEL_TYPES: tuple[str, ...] = ("qwen3", "qwen2", "llama")
 # A Llama-style decoder layer writes to the residual stream only through these two.
 OUTPUT_PROJECTIONS: tuple[str, ...] = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 
@@ -215,8 +216,12 @@ def grow_layers(model: PreTrainedModel, after: Sequence[int]) -> PreTrainedModel
     projections (attention o_proj, MLP down_proj) zeroed, so it adds nothing to the residual
     stream: the grown model computes the same logits, and training then moves the new
     layers (their output projections get gradients at once, the rest once those are nonzero).
-    Llama-style models only (qwen3, qwen2, llama: `model.layers.N.self_attn.o_proj`).
-    Returns a new model in the same train / eval mode; `model` is left unchanged."""
+    Qwen3, Qwen2 and Llama models only (their one per-layer config list is `layer_types`).
+    Returns a new model on the same device and in the same train / eval mode; `model` is
+    left unchanged."""
+    if model.config.model_type not in GROWABLE_MODEL_TYPES:
+        raise ValueError(f"grow_layers supports model types {GROWABLE_MODEL_TYPES}, got "
+                         f"{model.config.model_type!r}")
     layers = model.config.num_hidden_layers
     wrong = [index for index in after if not 0 <= index < layers]
     if wrong or len(set(after)) != len(after):
@@ -246,7 +251,7 @@ def grow_layers(model: PreTrainedModel, after: Sequence[int]) -> PreTrainedModel
     grown = AutoModelForCausalLM.from_config(config, dtype=model.dtype)
     grown.load_state_dict(new)
     grown.generation_config = copy.deepcopy(model.generation_config)
-    return grown.train(model.training)
+    return grown.to(model.device).train(model.training)
 
 
 def smollm2_gguf_path() -> Path:

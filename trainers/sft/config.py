@@ -52,7 +52,14 @@ class ModelConfig:
         "Block expansion (LLaMA Pro): after loading the model, insert a new decoder layer "
         "after each of these layer indices, starting as the identity (a copy with zeroed "
         "output projections), so a trained model gains depth without losing what it "
-        "learned (trainers.models.grow_layers). Empty = no growth.", ())
+        "learned (trainers.models.grow_layers; qwen3, qwen2, llama). Empty = no growth.", ())
+
+    def __post_init__(self) -> None:
+        indices = list(self.grow_layers_after)
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices) \
+                or len(set(indices)) != len(indices):
+            raise ValueError(f"model.grow_layers_after must be distinct layer indices >= 0, "
+                             f"got {indices!r}")
 
 
 @dataclass
@@ -153,8 +160,8 @@ class EvalConfig:
                                "temperature can leave it, but one run is then noisier: "
                                "use several seeds (docs/benchmarks.md, ninth session).", 0.0)
     seeds: tuple[int, ...] = _help("Sampling seeds. With temperature > 0 each seed plays every "
-                                   "task once; the results pool all episodes, and eval.json "
-                                   "also gives each seed's rates. Greedy decoding takes one "
+                                   "task once; the results pool all episodes and, with several "
+                                   "seeds, also give each seed's rates. Greedy decoding takes one "
                                    "seed (all would play the same episodes).", (0,))
     max_turns: int = _help("Turn budget per episode (env max_turns).", 12)
     world_seed: int = _help("World whose test tasks are played (-1 = env.world_seed). Another "
@@ -162,12 +169,13 @@ class EvalConfig:
                             "checkpoints on it, not on the test tasks you report.", -1)
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # also refuses NaN
             raise ValueError(f"eval.temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not self.seeds:
             raise ValueError("eval.seeds is empty: give at least one sampling seed")
-        if not all(isinstance(seed, int) and not isinstance(seed, bool) for seed in self.seeds):
-            raise ValueError(f"eval.seeds must be integers, got {list(self.seeds)!r}")
+        if not all(isinstance(seed, int) and not isinstance(seed, bool) for seed in self.seeds) \
+                or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"eval.seeds must be distinct integers, got {list(self.seeds)!r}")
         if self.temperature == 0 and len(self.seeds) > 1:
             raise ValueError(f"eval.seeds has {len(self.seeds)} seeds but eval.temperature is 0: "
                              "greedy decoding plays the same episodes for every seed; give one "
