@@ -12,8 +12,9 @@ final model; ~2.2 h on 2 cores; a fourth pass, sft_compact_fourth.yaml, made it 
 Steps: train a BPE tokenizer on the embedded world's text; let the oracle agent write SFT
 trajectories on the *train* split; masked SFT with packing (trainers.sft); then decoding
 (greedy, or sampled with eval.temperature over eval.seeds) in DeepResearch-v0 on the
-held-out *test* split, counting format-valid turns (env info["valid"]) and correct answers. Writes metrics.jsonl, the final model and
-eval.json under train.output_dir and prints `RESULT name=value` lines.
+held-out *test* split, counting format-valid turns (env info["valid"]) and correct answers.
+Writes metrics.jsonl, the final model and eval.json under train.output_dir and prints
+`RESULT name=value` lines.
 
 Honest settings (docs/sft.md): the environment's own system prompt (full or compact, as
 `env.prompt_style` says; the evaluation uses the same), hops (1, 2),

@@ -116,15 +116,15 @@ def test_sampled_evaluation_pools_seeds_and_reports_each(tmp_path):
 
 
 def test_greedy_evaluation_refuses_several_seeds(tmp_path, monkeypatch, capsys):
-    from trainers.sft.config import EvalConfig
+    from trainers.sft.config import EvalConfig, from_dict
 
     with pytest.raises(ValueError, match="greedy decoding plays the same episodes"):
         EvalConfig(temperature=0.0, seeds=(0, 1))
     with pytest.raises(ValueError, match="eval.seeds is empty"):
         EvalConfig(temperature=0.5, seeds=())
-    with pytest.raises(ValueError, match="eval.seeds must be distinct integers, got \\[0, 'a'\\]"):
-        EvalConfig(temperature=0.5, seeds=(0, "a"))
-    with pytest.raises(ValueError, match="eval.seeds must be distinct integers"):
+    with pytest.raises(ValueError, match=r"eval.seeds\[1\] must be int, got 'a'"):
+        from_dict(EvalConfig, {"temperature": 0.5, "seeds": [0, "a"]}, where="eval")
+    with pytest.raises(ValueError, match="eval.seeds must be distinct, got \\[1, 1\\]"):
         EvalConfig(temperature=0.5, seeds=(1, 1))
     with pytest.raises(ValueError, match="eval.temperature must be >= 0"):
         EvalConfig(temperature=float("nan"))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
-from trainers.sft.config import ModelConfig
+from trainers.sft.config import ModelConfig, from_dict
 from trainers.sft.pipeline import build_model
 
 
@@ -79,8 +79,10 @@ def test_model_config_grows_a_loaded_model_and_refuses_bad_indices(tmp_path):
     with pytest.raises(ValueError, match="distinct layer indices"):
         grow_layers(saved, [0, 0])
     with pytest.raises(ValueError, match=r"grow_layers_after must be distinct layer indices "
-                                         r">= 0, got \[0.5\]"):
-        ModelConfig(grow_layers_after=(0.5,))
+                                         r">= 0, got \[1, 1\]"):
+        ModelConfig(grow_layers_after=(1, 1))
+    with pytest.raises(ValueError, match=r"model.grow_layers_after\[0\] must be int, got 0.5"):
+        from_dict(ModelConfig, {"grow_layers_after": [0.5]}, where="model")
     other = build_tiny_causal_lm(tokenizer, arch="llama", hidden=64, layers=1)
     other.config.model_type = "gpt2"  # stands in for an architecture grow_layers cannot grow
     with pytest.raises(ValueError, match="grow_layers supports model types .* got 'gpt2'"):

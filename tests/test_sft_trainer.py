@@ -172,6 +172,12 @@ def test_yaml_config_round_trip(tmp_path):
     path.write_text("train:\n  learning_rate: 0.1\n")
     with pytest.raises(ValueError, match="learning_rate"):
         load_config(path)
+    path.write_text("train:\n  betas: [0.9]\n")  # list items are checked like fields
+    with pytest.raises(ValueError, match=r"train.betas must have 2 items, got \[0.9\]"):
+        load_config(path)
+    path.write_text("env:\n  hops: [1, two]\n")
+    with pytest.raises(ValueError, match=r"env.hops\[1\] must be int, got 'two'"):
+        load_config(path)
 
 
 @pytest.mark.parametrize("name", ["sft_tiny", "sft_tiny512", "sft_tiny512_more", "sft_words",

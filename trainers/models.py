@@ -241,9 +241,6 @@ def grow_layers(model: PreTrainedModel, after: Sequence[int]) -> PreTrainedModel
     for target, (source, is_new) in enumerate(order):
         prefix = f"model.layers.{source}."
         parts = {key[len(prefix):]: value for key, value in old.items() if key.startswith(prefix)}
-        if is_new and not all(name in parts for name in OUTPUT_PROJECTIONS):
-            raise ValueError(f"grow_layers needs Llama-style layers with {OUTPUT_PROJECTIONS}; "
-                             f"layer {source} of {type(model).__name__} has {sorted(parts)}")
         for name, value in parts.items():
             zero = is_new and name in OUTPUT_PROJECTIONS
             new[f"model.layers.{target}.{name}"] = torch.zeros_like(value) if zero \

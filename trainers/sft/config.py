@@ -55,9 +55,8 @@ class ModelConfig:
         "learned (trainers.models.grow_layers; qwen3, qwen2, llama). Empty = no growth.", ())
 
     def __post_init__(self) -> None:
-        indices = list(self.grow_layers_after)
-        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices) \
-                or len(set(indices)) != len(indices):
+        indices = list(self.grow_layers_after)  # item types are checked by from_dict
+        if any(index < 0 for index in indices) or len(set(indices)) != len(indices):
             raise ValueError(f"model.grow_layers_after must be distinct layer indices >= 0, "
                              f"got {indices!r}")
 
@@ -173,9 +172,8 @@ class EvalConfig:
             raise ValueError(f"eval.temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not self.seeds:
             raise ValueError("eval.seeds is empty: give at least one sampling seed")
-        if not all(isinstance(seed, int) and not isinstance(seed, bool) for seed in self.seeds) \
-                or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"eval.seeds must be distinct integers, got {list(self.seeds)!r}")
+        if len(set(self.seeds)) != len(self.seeds):  # item types are checked by from_dict
+            raise ValueError(f"eval.seeds must be distinct, got {list(self.seeds)!r}")
         if self.temperature == 0 and len(self.seeds) > 1:
             raise ValueError(f"eval.seeds has {len(self.seeds)} seeds but eval.temperature is 0: "
                              "greedy decoding plays the same episodes for every seed; give one "
@@ -230,7 +228,15 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
     if origin is tuple:
         if not isinstance(value, list | tuple):
             raise ValueError(f"{where} must be a list, got {value!r}")
-        return tuple(value)
+        args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            item_hints = [args[0]] * len(value)
+        else:  # a fixed-length tuple, e.g. betas: tuple[float, float]
+            if len(value) != len(args):
+                raise ValueError(f"{where} must have {len(args)} items, got {value!r}")
+            item_hints = list(args)
+        return tuple(_coerce(item, item_hint, f"{where}[{index}]")
+                     for index, (item, item_hint) in enumerate(zip(value, item_hints, strict=True)))
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint in (int, float, str, bool) and not isinstance(value, hint):
