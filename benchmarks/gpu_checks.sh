@@ -6,6 +6,10 @@
 #
 #     bash benchmarks/gpu_checks.sh [OUTPUT_DIR]
 #
+# 0. sft_gpu (runs first; not in the default STEPS): issue 3 item 6 on one GPU,
+#    examples/sft_tiny.py with examples/configs/sft_gpu.yaml. The run's final model,
+#    eval.json and metrics.jsonl go to OUTPUT_DIR as sft_gpu.tgz.partNN (15 MB pieces:
+#    `cat sft_gpu.tgz.part* | tar xz`), so the weights can be evaluated again elsewhere.
 # 1. The SFT and policy tests with a CUDA device present: train.device defaults to 'auto',
 #    so the example's passes (tests/test_sft_example.py) train and evaluate on the GPU, and
 #    the CUDA-only resume test runs.
@@ -41,6 +45,14 @@ nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not found"
 transformers.__version__, 'cuda', torch.cuda.is_available(),
 torch.cuda.get_device_name() if torch.cuda.is_available() else '')"
 
+# First, so that its time limit is not eaten by the checks below.
+step sft_gpu "${SFT_GPU_LIMIT:-430}" "$python" examples/sft_tiny.py \
+    --config examples/configs/sft_gpu.yaml
+if [[ $steps == *" sft_gpu "* ]] && [ -d runs/sft_gpu/final ]; then
+    tar czf - -C runs/sft_gpu final $(cd runs/sft_gpu && ls eval.json metrics.jsonl \
+        2>/dev/null) | split -b 15M -d - "$out/sft_gpu.tgz.part"
+    ls -l "$out"/sft_gpu.tgz.part*
+fi
 step sft_tests 200 "$python" -m pytest -q -p no:cacheprovider tests/test_sft_trainer.py \
     tests/test_sft_example.py tests/test_sft_packing.py tests/test_sft_models.py \
     tests/test_policy_eval.py

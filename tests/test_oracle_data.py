@@ -226,3 +226,29 @@ def test_phrase_loops_repeat_a_phrase_like_a_turn_run_into_the_token_cap():
     from trainers.data.oracle_data import DEFAULT_RECOVERY_KINDS
     from trainers.sft.config import DataConfig
     assert DataConfig().recovery_kinds == DEFAULT_RECOVERY_KINDS
+
+
+def test_worker_processes_give_the_same_data_in_the_same_order():
+    """Generation and tokenization in 2 processes return exactly what one process returns
+    (the RNG draws are made up front), in order, with chunks spanning two worlds."""
+    config = OracleDataConfig(num_episodes=20, seed=5, env_kwargs=ENV, mixture=DEFAULT_MIXTURE,
+                              world_seeds=(7, 8), recovery_prob=0.2)
+    serial = generate_oracle_trajectories(config)
+    parallel = generate_oracle_trajectories(config, workers=2)
+    assert len(serial) >= 15 and len({t.task_id.split("-")[1] for t in serial}) == 2
+    assert [t.to_json() for t in parallel] == [t.to_json() for t in serial]
+    chat = ChatTokenizer(build_chatml_tokenizer(world_texts(ENV), vocab_size=400))
+    tokenized = tokenize_trajectories(serial, chat, workers=2)
+    assert [t.to_json() for t in tokenized] == \
+        [t.to_json() for t in tokenize_trajectories(serial, chat)]
+    assert all(t.input_ids and sum(t.loss_mask) > 0 for t in tokenized)
+
+
+@pytest.mark.parametrize("workers", [-1, 1.5, True])
+def test_bad_worker_counts_are_refused_by_name(workers):
+    config = OracleDataConfig(num_episodes=2, env_kwargs=ENV)
+    with pytest.raises(ValueError, match="workers must be an int >= 0"):
+        generate_oracle_trajectories(config, workers=workers)
+    with pytest.raises(ValueError, match="workers must be an int >= 0"):
+        tokenize_trajectories([], ChatTokenizer(build_chatml_tokenizer(["a b"], 300)),
+                              workers=workers)

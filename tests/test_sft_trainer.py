@@ -263,3 +263,8 @@ def test_varlen_training_never_builds_the_dense_packed_mask(tokenizer, tmp_path,
     trainer.data_cfg.packed_attention = "mask"
     trainer.train()
     assert built_on and all(device == trainer.device for device in built_on)
+
+
+def test_negative_data_workers_are_refused_at_load():
+    with pytest.raises(ValueError, match="data.workers must be >= 0"):
+        DataConfig(workers=-1)

@@ -98,6 +98,13 @@ class DataConfig:
     rows_per_micro_batch: int = _help("Rows (packed or padded) per forward pass per worker.", 1)
     jsonl: str = _help("Optional JSONL of trajectories to train on instead of generating "
                        "oracle data ('' = generate).", "")
+    workers: int = _help("Processes that generate and tokenize the oracle data (0 = one per "
+                         "CPU core); the data are identical for any count.", 1)
+
+    def __post_init__(self) -> None:
+        if self.workers < 0:
+            raise ValueError(f"data.workers must be >= 0 (0 = one per CPU core), got "
+                             f"{self.workers}")
 
 
 @dataclass

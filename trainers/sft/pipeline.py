@@ -98,8 +98,11 @@ def build_trajectories(config: SFTExperimentConfig, chat: ChatTokenizer) -> list
     if config.data.jsonl:
         trajectories = read_trajectories(config.data.jsonl)
     else:
-        trajectories = generate_oracle_trajectories(oracle_data_config(config))
-    return tokenize_trajectories(trajectories, chat)
+        trajectories = generate_oracle_trajectories(oracle_data_config(config),
+                                                    workers=config.data.workers,
+                                                    progress=config.train.progress_bar)
+    return tokenize_trajectories(trajectories, chat, workers=config.data.workers,
+                                 progress=config.train.progress_bar)
 
 
 def oracle_data_config(config: SFTExperimentConfig) -> OracleDataConfig:
