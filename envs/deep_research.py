@@ -109,6 +109,9 @@ class DeepResearchEnv(gym.Env[str, str]):
       HotpotQA variant).
     - v0, `prompt_style` added (seventh session): 'compact' offers a short system prompt;
       the default 'full' prompt and everything else are unchanged.
+    - v0, visit summaries made process-independent (tenth session): the extractive
+      summarizer broke some ties between equally scored sentences by Python's per-process
+      hash order; it now always picks the earlier sentence, as its docstring said.
     """
 
     metadata = {"render_modes": ["ansi", "human"]}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from trainers.policy import TransformersPolicy, evaluate_policy
@@ -72,10 +73,30 @@ def test_induction_warmup_teaches_a_tiny_model_to_copy_from_anywhere_in_its_cont
             return float(copy_task_loss(model, ids, targets))
 
     before = copy_loss()
-    result = induction_warmup(model, vocab, steps=1000, half_length=32, chunk=4,
-                              batch_size=16, lr=3e-3, low_id=5, seed=0, log=None)
-    after = copy_loss()
     chance = torch.log(torch.tensor(float(vocab - 5))).item()
+    result = induction_warmup(model, vocab, steps=1000, half_length=32, chunk=4,
+                              batch_size=16, lr=3e-3, low_id=5, seed=0, log=None,
+                              target_loss=0.3 * chance)
+    after = copy_loss()
     assert before > 0.8 * chance  # random init: no better than guessing
     assert result.last_loss < result.first_loss / 3
-    assert after < 0.25 * chance, (before, after, chance)
+    assert after < 0.35 * chance, (before, after, chance)
+    # The target ended the warm-up early, once the loss had fallen below it.
+    assert result.reached_target is True and result.steps < 1000, result
+
+
+def test_induction_warmup_that_misses_its_target_stops_the_run_with_advice():
+    from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
+    from trainers.sft.warmup import InductionWarmupError, induction_warmup
+
+    tokenizer = build_chatml_tokenizer(["alpha beta gamma delta"] * 20, vocab_size=300)
+    model = build_tiny_causal_lm(tokenizer, hidden=32, layers=1, heads=2, seed=0)
+    with pytest.raises(InductionWarmupError, match="did not teach the model to copy.*"
+                       "after 5 steps.*induction_warmup_steps"):
+        induction_warmup(model, len(tokenizer), steps=5, batch_size=4, low_id=5, log=None,
+                         target_loss=0.01)
+    no_target = induction_warmup(model, len(tokenizer), steps=3, batch_size=4, low_id=5,
+                                 log=None)
+    assert no_target.steps == 3 and no_target.reached_target is None
+    with pytest.raises(ValueError, match="target_loss >= 0"):
+        induction_warmup(model, len(tokenizer), steps=3, log=None, target_loss=-1.0)

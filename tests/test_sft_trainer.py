@@ -268,3 +268,9 @@ def test_varlen_training_never_builds_the_dense_packed_mask(tokenizer, tmp_path,
 def test_negative_data_workers_are_refused_at_load():
     with pytest.raises(ValueError, match="data.workers must be >= 0"):
         DataConfig(workers=-1)
+
+
+@pytest.mark.parametrize("value", [-0.5, float("nan")])
+def test_a_negative_or_nan_warmup_target_is_refused(value):
+    with pytest.raises(ValueError, match="induction_warmup_target_loss must be >= 0"):
+        TrainConfig(induction_warmup_target_loss=value)

@@ -152,6 +152,15 @@ class TrainConfig:
         "Sequences per warm-up step. Large batches matter: at a 512-token vocabulary a "
         "3-layer model copies after ~400 steps at 64 and not within 2,500 at 16.", 64)
     induction_warmup_lr: float = _help("Learning rate of the warm-up (constant AdamW).", 3e-3)
+    induction_warmup_target_loss: float = _help(
+        "Copy loss (nats, mean of 10 steps) that ends the warm-up early; if "
+        "induction_warmup_steps pass without reaching it the run stops with an error, since "
+        "a model that did not learn to copy does not learn the task. 0 = no target.", 0.0)
+
+    def __post_init__(self) -> None:
+        if not self.induction_warmup_target_loss >= 0:  # also refuses NaN
+            raise ValueError(f"train.induction_warmup_target_loss must be >= 0 (0 = no "
+                             f"target), got {self.induction_warmup_target_loss}")
 
 
 @dataclass

@@ -159,6 +159,7 @@ def train_sft(config: SFTExperimentConfig, samples: list[SFTSample] | None = Non
         induction_warmup(model, len(tokenizer), steps=config.train.induction_warmup_steps,
                          batch_size=config.train.induction_warmup_batch_size,
                          lr=config.train.induction_warmup_lr,
+                         target_loss=config.train.induction_warmup_target_loss,
                          low_id=min(special + 1, len(tokenizer) - 1), seed=config.train.seed)
     if config.train.num_workers > 1:
         from trainers.sft.distributed import train_data_parallel

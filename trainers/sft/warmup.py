@@ -22,10 +22,18 @@ already copies; this stage stands in for pretraining at tiny scale.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+# The target is checked on the mean loss of this many steps: one batch is too noisy.
+TARGET_WINDOW = 10
+
+
+class InductionWarmupError(RuntimeError):
+    """The warm-up ran all its steps without reaching its copy-loss target."""
 
 
 @dataclass
@@ -33,14 +41,22 @@ class WarmupResult:
     steps: int
     first_loss: float
     last_loss: float
+    reached_target: bool | None = None  # None: no target was set
 
 
 def induction_warmup(model: torch.nn.Module, vocab_size: int, *, steps: int,
                      half_length: int = 32, chunk: int = 4, batch_size: int = 64,
                      lr: float = 3e-3, low_id: int = 0, seed: int = 0,
-                     log: Callable[[str], None] | None = print, log_every: int = 100
-                     ) -> WarmupResult:
+                     log: Callable[[str], None] | None = print, log_every: int = 100,
+                     target_loss: float = 0.0) -> WarmupResult:
     """Train `model` in place on the shuffled-chunk copy task (`copy_task_batch`).
+
+    Copying arrives as a phase change (the loss sits near chance, then falls to ~0.2 nats
+    within ~100 steps), and whether it arrives within a step budget depends on the model's
+    shape, the batch size and the lr. With `target_loss` > 0 the warm-up stops as soon as
+    the mean loss of the last TARGET_WINDOW steps is below it, and raises
+    InductionWarmupError if `steps` pass first: SFT after a failed warm-up does not learn
+    to copy names (docs/benchmarks.md, tenth session), so a long run should not start.
 
     Args:
         model: a causal LM (returns `.logits` [B, L, V]); left in train mode.
@@ -53,19 +69,22 @@ def induction_warmup(model: torch.nn.Module, vocab_size: int, *, steps: int,
         low_id: smallest id drawn (skip control tokens, which never occur inside text).
         seed: seed of the random sequences.
         log: where progress lines go (None = silent).
-    Returns the first and last copy losses (nats per predictable token).
+        target_loss: copy loss (nats) that ends the warm-up early and must be reached
+            (0 = no target: run exactly `steps`).
+    Returns the steps run and the first and last copy losses (nats per predictable token).
     """
     if steps < 0 or half_length < 1 or batch_size < 1 or not 0 <= low_id < vocab_size \
-            or not 1 < chunk <= half_length or half_length % chunk:
+            or not 1 < chunk <= half_length or half_length % chunk or not target_loss >= 0:
         raise ValueError("need steps >= 0, half_length >= 1, batch_size >= 1, "
-                         "0 <= low_id < vocab_size and 1 < chunk <= half_length with "
-                         "half_length a multiple of chunk")
+                         "0 <= low_id < vocab_size, 1 < chunk <= half_length with "
+                         "half_length a multiple of chunk, and target_loss >= 0")
     generator = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
                                   weight_decay=0.01)
     model.train()
     first = last = float("nan")
+    recent: list[float] = []
     for step in range(steps):
         ids, targets = copy_task_batch(vocab_size, batch_size, half_length, chunk=chunk,
                                        generator=generator, low_id=low_id)
@@ -77,9 +96,23 @@ def induction_warmup(model: torch.nn.Module, vocab_size: int, *, steps: int,
         last = float(loss.detach())
         if step == 0:
             first = last
-        if log and (step % log_every == 0 or step == steps - 1):
-            log(f"induction warm-up {step + 1}/{steps}: copy loss {last:.3f}")
-    return WarmupResult(steps, first, last)
+        recent = (recent + [last])[-TARGET_WINDOW:]
+        reached = target_loss > 0 and len(recent) == TARGET_WINDOW \
+            and sum(recent) / TARGET_WINDOW < target_loss
+        if log and (step % log_every == 0 or step == steps - 1 or reached):
+            log(f"induction warm-up {step + 1}/{steps}: copy loss {last:.3f}"
+                + (f" (mean of the last {TARGET_WINDOW} below the target {target_loss})"
+                   if reached else ""))
+        if reached:
+            return WarmupResult(step + 1, first, last, reached_target=True)
+    if target_loss > 0 and steps > 0:
+        raise InductionWarmupError(
+            f"the induction warm-up did not teach the model to copy: copy loss {last:.3f} "
+            f"after {steps} steps, target {target_loss} (chance is "
+            f"{math.log(vocab_size - low_id):.2f}). Raise train.induction_warmup_steps, or "
+            f"change induction_warmup_lr / induction_warmup_batch_size; deeper models need "
+            f"other settings (docs/sft.md, 'Induction warm-up').")
+    return WarmupResult(steps, first, last, reached_target=None if target_loss == 0 else False)
 
 
 def copy_task_batch(vocab_size: int, batch_size: int, half_length: int, *, chunk: int = 8,

@@ -147,7 +147,11 @@ class ExtractiveSummarizer:
             for t in terms:
                 counts[t] = counts.get(t, 0) + 1
         weights = {t: math.log1p(n / c) for t, c in counts.items()}
-        scores = [sum(weights[t] for t in terms) for terms in sentence_terms]
+        # fsum: exactly rounded whatever the order. A plain sum over a set of strings adds
+        # in hash order, which changes per process (PYTHONHASHSEED), so equal scores of
+        # three or more terms could differ in the last bit and break ties differently from
+        # run to run (seen: 5 of 900 oracle episodes differed between two processes).
+        scores = [math.fsum(weights[t] for t in terms) for terms in sentence_terms]
 
         ranked = sorted((i for i in range(n) if scores[i] > 0), key=lambda i: (-scores[i], i))
         chosen = ranked[: self.max_evidence_sentences]
