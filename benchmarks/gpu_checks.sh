@@ -35,7 +35,7 @@ step() {  # step NAME SECONDS COMMAND...
     local started=$SECONDS
     timeout "$limit" "$@" >"$out/$name.log" 2>&1
     local rc=$?
-    grep -E "RESULT|passed|failed|error" "$out/$name.log" | tail -n 15
+    grep -iE "RESULT|passed|failed|error|traceback" "$out/$name.log" | tail -n 15
     echo "== $name rc=$rc in $((SECONDS - started)) s"
     [ "$rc" -eq 0 ] || failed=1
 }
@@ -45,12 +45,18 @@ nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not found"
 transformers.__version__, 'cuda', torch.cuda.is_available(),
 torch.cuda.get_device_name() if torch.cuda.is_available() else '')"
 
-# First, so that its time limit is not eaten by the checks below.
-step sft_gpu "${SFT_GPU_LIMIT:-430}" "$python" examples/sft_tiny.py \
+# First, so that its time limit is not eaten by the checks below. An earlier run's output
+# is removed first, so that what gets packed is this run's (metrics.jsonl appends).
+if [[ $steps == *" sft_gpu "* ]]; then
+    rm -rf runs/sft_gpu "$out"/sft_gpu.tgz.part*
+fi
+step sft_gpu "${SFT_GPU_LIMIT:-540}" "$python" examples/sft_tiny.py \
     --config examples/configs/sft_gpu.yaml
 if [[ $steps == *" sft_gpu "* ]] && [ -d runs/sft_gpu/final ]; then
-    tar czf - -C runs/sft_gpu final $(cd runs/sft_gpu && ls eval.json metrics.jsonl \
-        2>/dev/null) | split -b 15M -d - "$out/sft_gpu.tgz.part"
+    packed=(final)
+    for f in eval.json metrics.jsonl; do [ -f "runs/sft_gpu/$f" ] && packed+=("$f"); done
+    tar czf - -C runs/sft_gpu "${packed[@]}" | split -b 15M -d - "$out/sft_gpu.tgz.part"
+    [ "${PIPESTATUS[0]}${PIPESTATUS[1]}" = 00 ] || { echo "packing sft_gpu failed"; failed=1; }
     ls -l "$out"/sft_gpu.tgz.part*
 fi
 step sft_tests 200 "$python" -m pytest -q -p no:cacheprovider tests/test_sft_trainer.py \

@@ -233,17 +233,26 @@ def test_phrase_loops_repeat_a_phrase_like_a_turn_run_into_the_token_cap():
     assert DataConfig().recovery_kinds == DEFAULT_RECOVERY_KINDS
 
 
-def test_worker_processes_give_the_same_data_in_the_same_order():
+def test_worker_processes_give_the_same_data_in_the_same_order(monkeypatch):
     """Generation and tokenization in 2 processes return exactly what one process returns
-    (the RNG draws are made up front), in order, with chunks spanning two worlds."""
+    (the RNG draws are made up front), in order, over two worlds (several chunks each)."""
+    from trainers.data import oracle_data
+
+    pools = []
+    real_pool = oracle_data._process_pool
+    monkeypatch.setattr(oracle_data, "_process_pool",
+                        lambda workers: pools.append(workers) or real_pool(workers))
     config = OracleDataConfig(num_episodes=20, seed=5, env_kwargs=ENV, mixture=SHORT_MIXTURE,
                               world_seeds=(7, 8), recovery_prob=0.2)
     serial = generate_oracle_trajectories(config)
+    assert pools == []
     parallel = generate_oracle_trajectories(config, workers=2)
+    assert pools == [2]  # really ran in worker processes
     assert len(serial) >= 15 and len({t.task_id.split("-")[1] for t in serial}) == 2
     assert [t.to_json() for t in parallel] == [t.to_json() for t in serial]
     chat = ChatTokenizer(build_chatml_tokenizer(world_texts(ENV), vocab_size=400))
     tokenized = tokenize_trajectories(serial, chat, workers=2)
+    assert pools == [2, 2]
     assert [t.to_json() for t in tokenized] == \
         [t.to_json() for t in tokenize_trajectories(serial, chat)]
     assert all(t.input_ids and sum(t.loss_mask) > 0 for t in tokenized)
@@ -279,3 +288,9 @@ def test_episodes_do_not_depend_on_the_python_hash_seed(tmp_path):
         for seed in ("1", "2")]
     assert len(runs[0]) >= 80
     assert runs[0] == runs[1], [i for i, (a, b) in enumerate(zip(*runs)) if a != b]
+
+
+def test_an_error_in_a_worker_process_reaches_the_caller():
+    config = OracleDataConfig(num_episodes=4, env_kwargs={**ENV, "hops": (9,)})
+    with pytest.raises(ValueError, match="no tasks"):
+        generate_oracle_trajectories(config, workers=2)

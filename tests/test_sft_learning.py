@@ -91,10 +91,13 @@ def test_induction_warmup_that_misses_its_target_stops_the_run_with_advice():
 
     tokenizer = build_chatml_tokenizer(["alpha beta gamma delta"] * 20, vocab_size=300)
     model = build_tiny_causal_lm(tokenizer, hidden=32, layers=1, heads=2, seed=0)
-    with pytest.raises(InductionWarmupError, match="did not teach the model to copy.*"
-                       "after 5 steps.*induction_warmup_steps"):
-        induction_warmup(model, len(tokenizer), steps=5, batch_size=4, low_id=5, log=None,
+    with pytest.raises(InductionWarmupError, match="did not teach the model to copy: mean "
+                       "copy loss .* over its last 10 steps after 12 steps.*"
+                       "induction_warmup_steps"):
+        induction_warmup(model, len(tokenizer), steps=12, batch_size=4, low_id=5, log=None,
                          target_loss=0.01)
+    with pytest.raises(ValueError, match="needs steps >= 10"):
+        induction_warmup(model, len(tokenizer), steps=5, log=None, target_loss=1.0)
     no_target = induction_warmup(model, len(tokenizer), steps=3, batch_size=4, low_id=5,
                                  log=None)
     assert no_target.steps == 3 and no_target.reached_target is None

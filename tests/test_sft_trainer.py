@@ -265,12 +265,22 @@ def test_varlen_training_never_builds_the_dense_packed_mask(tokenizer, tmp_path,
     assert built_on and all(device == trainer.device for device in built_on)
 
 
-def test_negative_data_workers_are_refused_at_load():
-    with pytest.raises(ValueError, match="data.workers must be >= 0"):
-        DataConfig(workers=-1)
+@pytest.mark.parametrize("workers", [-1, True])
+def test_bad_data_workers_are_refused_at_load(workers):
+    with pytest.raises(ValueError, match="data.workers must be an int >= 0"):
+        DataConfig(workers=workers)
 
 
 @pytest.mark.parametrize("value", [-0.5, float("nan")])
 def test_a_negative_or_nan_warmup_target_is_refused(value):
     with pytest.raises(ValueError, match="induction_warmup_target_loss must be >= 0"):
         TrainConfig(induction_warmup_target_loss=value)
+
+
+def test_a_warmup_target_needs_a_warmup_as_long_as_its_window():
+    from trainers.sft.warmup import TARGET_WINDOW
+
+    for steps in (0, TARGET_WINDOW - 1):  # 0: no warm-up would run, the target be ignored
+        with pytest.raises(ValueError, match="induction_warmup_steps must be >= 10"):
+            TrainConfig(induction_warmup_target_loss=1.0, induction_warmup_steps=steps)
+    TrainConfig(induction_warmup_target_loss=1.0, induction_warmup_steps=TARGET_WINDOW)

@@ -266,35 +266,58 @@ def generate_oracle_trajectories(config: OracleDataConfig, workers: int = 1,
                disable=not progress, file=sys.stderr)
     trajectories: list[Trajectory] = []
     if workers == 1:
-        for k, env_kwargs in enumerate(worlds):
-            env = make_train_env(env_kwargs)
-            plan = _plan_world(config, k, len(seeds), _train_task_count(env), rng)
-            trajectories += _play(config, env, plan, bar)
-            env.close()
-        bar.close()
+        with bar:
+            for k, env_kwargs in enumerate(worlds):
+                env = make_train_env(env_kwargs)
+                plan = _plan_world(config, k, len(seeds), _train_task_count(env), rng)
+                trajectories += _play(config, env, plan, bar)
+                env.close()
         return trajectories
-    context = multiprocessing.get_context("spawn")  # fork is unsafe once torch has threads
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    with _process_pool(workers) as pool, bar:
         counts = list(pool.map(_world_task_count, worlds))
         chunks = []
-        for k, env_kwargs in enumerate(worlds):
+        for k, env_kwargs in enumerate(worlds):  # chunks stay within one world
             plan = _plan_world(config, k, len(seeds), counts[k], rng)
             size = max(1, -(-config.num_episodes // (4 * workers)))
             chunks += [(env_kwargs, plan[i:i + size]) for i in range(0, len(plan), size)]
-        futures = [pool.submit(_play_chunk, config, env_kwargs, chunk)
-                   for env_kwargs, chunk in chunks]
-        for (_, chunk), future in zip(chunks, futures):
-            trajectories += future.result()
-            bar.update(len(chunk))
-    bar.close()
-    return trajectories
+        return _results_in_order(pool, [(_play_chunk, config, env_kwargs, chunk)
+                                        for env_kwargs, chunk in chunks],
+                                 [len(chunk) for _, chunk in chunks], bar)
+
+
+def _process_pool(workers: int) -> ProcessPoolExecutor:
+    # spawn, not fork: forking a process whose torch already runs threads can deadlock.
+    return ProcessPoolExecutor(max_workers=workers,
+                               mp_context=multiprocessing.get_context("spawn"))
+
+
+def _results_in_order(pool: ProcessPoolExecutor, calls: Sequence[tuple], sizes: Sequence[int],
+                      bar: Any) -> list:
+    """Run each (function, *args) of `calls` in `pool` and concatenate their list results
+    in the order given. A failing call cancels the ones not yet started and re-raises at
+    once instead of after all the others have run."""
+    futures = [pool.submit(function, *args) for function, *args in calls]
+    results: list = []
+    try:
+        for size, future in zip(sizes, futures):
+            results += future.result()
+            bar.update(size)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    return results
 
 
 def resolve_workers(workers: int) -> int:
     """A worker count: n >= 1 as given, 0 = one per CPU core this process may use."""
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
         raise ValueError(f"workers must be an int >= 0 (0 = one per CPU core), got {workers!r}")
-    return workers or len(os.sched_getaffinity(0))
+    if workers:
+        return workers
+    try:  # the cores this process may run on (Linux); elsewhere all the machine's
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -389,22 +412,16 @@ def tokenize_trajectories(trajectories: Iterable[Trajectory], chat: ChatTokenize
                disable=not progress, file=sys.stderr)
     if workers == 1:
         tokenized = []
-        for trajectory in trajectories:
-            tokenized += _tokenize_chunk(chat, [trajectory], check)
-            bar.update(1)
-        bar.close()
+        with bar:
+            for trajectory in trajectories:
+                tokenized += _tokenize_chunk(chat, [trajectory], check)
+                bar.update(1)
         return tokenized
     size = max(1, -(-len(trajectories) // (4 * workers)))
     chunks = [trajectories[i:i + size] for i in range(0, len(trajectories), size)]
-    tokenized = []
-    context = multiprocessing.get_context("spawn")  # fork is unsafe once torch has threads
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = [pool.submit(_tokenize_chunk, chat, chunk, check) for chunk in chunks]
-        for chunk, future in zip(chunks, futures):
-            tokenized += future.result()
-            bar.update(len(chunk))
-    bar.close()
-    return tokenized
+    with _process_pool(workers) as pool, bar:
+        return _results_in_order(pool, [(_tokenize_chunk, chat, chunk, check)
+                                        for chunk in chunks], [len(c) for c in chunks], bar)
 
 
 def _tokenize_chunk(chat: ChatTokenizer, trajectories: Sequence[Trajectory],

@@ -102,9 +102,10 @@ class DataConfig:
                          "CPU core); the data are identical for any count.", 1)
 
     def __post_init__(self) -> None:
-        if self.workers < 0:
-            raise ValueError(f"data.workers must be >= 0 (0 = one per CPU core), got "
-                             f"{self.workers}")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) \
+                or self.workers < 0:
+            raise ValueError(f"data.workers must be an int >= 0 (0 = one per CPU core), got "
+                             f"{self.workers!r}")
 
 
 @dataclass
@@ -161,6 +162,10 @@ class TrainConfig:
         if not self.induction_warmup_target_loss >= 0:  # also refuses NaN
             raise ValueError(f"train.induction_warmup_target_loss must be >= 0 (0 = no "
                              f"target), got {self.induction_warmup_target_loss}")
+        if self.induction_warmup_target_loss > 0 and self.induction_warmup_steps < 10:
+            raise ValueError(f"train.induction_warmup_target_loss is set, so "
+                             f"train.induction_warmup_steps must be >= 10 (the target is "
+                             f"checked on a 10-step mean), got {self.induction_warmup_steps}")
 
 
 @dataclass

@@ -78,6 +78,9 @@ def induction_warmup(model: torch.nn.Module, vocab_size: int, *, steps: int,
         raise ValueError("need steps >= 0, half_length >= 1, batch_size >= 1, "
                          "0 <= low_id < vocab_size, 1 < chunk <= half_length with "
                          "half_length a multiple of chunk, and target_loss >= 0")
+    if target_loss > 0 and steps < TARGET_WINDOW:
+        raise ValueError(f"a target_loss needs steps >= {TARGET_WINDOW} (it is checked on the "
+                         f"mean of {TARGET_WINDOW} steps), got steps={steps}")
     generator = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
@@ -105,14 +108,15 @@ def induction_warmup(model: torch.nn.Module, vocab_size: int, *, steps: int,
                    if reached else ""))
         if reached:
             return WarmupResult(step + 1, first, last, reached_target=True)
-    if target_loss > 0 and steps > 0:
+    if target_loss > 0:
         raise InductionWarmupError(
-            f"the induction warm-up did not teach the model to copy: copy loss {last:.3f} "
-            f"after {steps} steps, target {target_loss} (chance is "
+            f"the induction warm-up did not teach the model to copy: mean copy loss "
+            f"{sum(recent) / len(recent):.3f} over its last {len(recent)} steps after {steps} "
+            f"steps, target {target_loss} (chance is "
             f"{math.log(vocab_size - low_id):.2f}). Raise train.induction_warmup_steps, or "
             f"change induction_warmup_lr / induction_warmup_batch_size; deeper models need "
             f"other settings (docs/sft.md, 'Induction warm-up').")
-    return WarmupResult(steps, first, last, reached_target=None if target_loss == 0 else False)
+    return WarmupResult(steps, first, last)
 
 
 def copy_task_batch(vocab_size: int, batch_size: int, half_length: int, *, chunk: int = 8,
