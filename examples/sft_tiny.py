@@ -48,6 +48,7 @@ from trainers.sft.pipeline import (  # noqa: E402
     train_sft,
 )
 from trainers.sft.trainer import STATE_FILE, resolve_device  # noqa: E402
+from trainers.sft.warmup import InductionWarmupError  # noqa: E402
 
 
 def evaluation_policy(config: SFTExperimentConfig, model: torch.nn.Module,
@@ -183,7 +184,10 @@ def main() -> None:
         if args.eval_checkpoint:
             results = evaluate_checkpoint(config, args.eval_checkpoint)
         else:
-            results = train_and_evaluate(config, args.evaluate_untrained)
+            try:
+                results = train_and_evaluate(config, args.evaluate_untrained)
+            except InductionWarmupError as error:  # a setting to change, not a bug
+                sys.exit(f"{path}: {error}")
         for key, value in results.items():
             print(f"RESULT {key}={value:.4f}" if isinstance(value, float)
                   else f"RESULT {key}={value}", flush=True)

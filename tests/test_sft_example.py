@@ -168,3 +168,17 @@ def test_eval_checkpoint_takes_a_saved_model_directory(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"do not fit the model the config builds .*"
                                          r"grow_layers_after \[0\]"):
         example.evaluate_checkpoint(config, str(tmp_path / "final"))
+
+
+def test_a_missed_warmup_target_ends_the_run_before_sft_with_the_advice(tmp_path,
+                                                                          monkeypatch):
+    config = write_config(tmp_path / "a.yaml", {}, {
+        "output_dir": str(tmp_path / "a"), "induction_warmup_steps": 12,
+        "induction_warmup_batch_size": 2, "induction_warmup_target_loss": 0.01})
+    monkeypatch.setattr(sys, "argv", ["sft_tiny.py", "--config", str(config)])
+    with pytest.raises(SystemExit) as stopped:
+        load_example().main()
+    message = str(stopped.value.code)
+    assert message.startswith(f"{config}: the induction warm-up did not teach the model")
+    assert "train.induction_warmup_steps" in message
+    assert not (tmp_path / "a" / "final").exists()  # SFT never ran

@@ -115,7 +115,7 @@ def induction_warmup(model: torch.nn.Module, vocab_size: int, *, steps: int,
             f"steps, target {target_loss} (chance is "
             f"{math.log(vocab_size - low_id):.2f}). Raise train.induction_warmup_steps, or "
             f"change induction_warmup_lr / induction_warmup_batch_size; deeper models need "
-            f"other settings (docs/sft.md, 'Induction warm-up').")
+            f"other settings (docs/sft.md, 'Induction warm-up settings by model shape').")
     return WarmupResult(steps, first, last)
 
 
