@@ -170,8 +170,8 @@ def test_eval_checkpoint_takes_a_saved_model_directory(tmp_path, monkeypatch):
         example.evaluate_checkpoint(config, str(tmp_path / "final"))
 
 
-def test_a_missed_warmup_target_ends_the_run_before_sft_with_the_advice(tmp_path,
-                                                                          monkeypatch):
+def test_a_missed_warmup_target_ends_the_run_before_any_data_with_the_advice(
+        tmp_path, monkeypatch, capsys):
     config = write_config(tmp_path / "a.yaml", {}, {
         "output_dir": str(tmp_path / "a"), "induction_warmup_steps": 12,
         "induction_warmup_batch_size": 2, "induction_warmup_target_loss": 0.01})
@@ -182,3 +182,4 @@ def test_a_missed_warmup_target_ends_the_run_before_sft_with_the_advice(tmp_path
     assert message.startswith(f"{config}: the induction warm-up did not teach the model")
     assert "train.induction_warmup_steps" in message
     assert not (tmp_path / "a" / "final").exists()  # SFT never ran
+    assert "data:" not in capsys.readouterr().out  # nor was any data built

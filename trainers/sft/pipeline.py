@@ -135,22 +135,15 @@ def build_samples(config: SFTExperimentConfig, chat: ChatTokenizer) -> list[SFTS
     return samples
 
 
-def train_sft(config: SFTExperimentConfig, samples: list[SFTSample] | None = None
-              ) -> tuple[PreTrainedModel, Any, list[dict[str, Any]]]:
-    """Build the tokenizer, data and model of `config`, train (in this process or data
-    parallel on Ray when train.num_workers > 1, resuming if train.resume says so) and save
-    the model and tokenizer to `train.output_dir/final`. Returns (model, tokenizer, history).
-    """
-    from trainers.sft.config import config_to_dict
-    from trainers.sft.trainer import SFTTrainer, latest_checkpoint, resolve_device
+def prepare_model(config: SFTExperimentConfig, tokenizer: Any) -> PreTrainedModel:
+    """The model `train_sft` starts from: built, placed on train.device (single-process runs;
+    data-parallel workers place their own replicas) and, unless resuming, put through the
+    induction warm-up. Call it before building the data: a warm-up that misses its target
+    (InductionWarmupError) then costs no data time."""
+    from trainers.sft.trainer import resolve_device
 
-    output_dir = Path(config.train.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
-    if samples is None:
-        samples = build_samples(config, build_chat(tokenizer))
     model = build_model(config.model, tokenizer)
-    if config.train.num_workers == 1:  # data-parallel workers place their own replicas
+    if config.train.num_workers == 1:
         model = model.to(resolve_device(config.train.device))
     if config.train.induction_warmup_steps and not config.train.resume:
         from trainers.sft.warmup import induction_warmup
@@ -161,6 +154,27 @@ def train_sft(config: SFTExperimentConfig, samples: list[SFTSample] | None = Non
                          lr=config.train.induction_warmup_lr,
                          target_loss=config.train.induction_warmup_target_loss,
                          low_id=min(special + 1, len(tokenizer) - 1), seed=config.train.seed)
+    return model
+
+
+def train_sft(config: SFTExperimentConfig, samples: list[SFTSample] | None = None,
+              model: PreTrainedModel | None = None
+              ) -> tuple[PreTrainedModel, Any, list[dict[str, Any]]]:
+    """Build the tokenizer, model (`prepare_model`, unless given) and data (unless given) of
+    `config`, train (in this process or data parallel on Ray when train.num_workers > 1,
+    resuming if train.resume says so) and save the model and tokenizer to
+    `train.output_dir/final`. Returns (model, tokenizer, history).
+    """
+    from trainers.sft.config import config_to_dict
+    from trainers.sft.trainer import SFTTrainer, latest_checkpoint
+
+    output_dir = Path(config.train.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
+    if model is None:
+        model = prepare_model(config, tokenizer)
+    if samples is None:
+        samples = build_samples(config, build_chat(tokenizer))
     if config.train.num_workers > 1:
         from trainers.sft.distributed import train_data_parallel
 
