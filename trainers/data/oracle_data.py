@@ -275,10 +275,10 @@ def generate_oracle_trajectories(config: OracleDataConfig, workers: int = 1,
         return trajectories
     with _process_pool(workers) as pool, bar:
         counts = list(pool.map(_world_task_count, worlds))
+        size = max(1, -(-config.num_episodes // (4 * workers)))  # ~4 chunks per worker
         chunks = []
         for k, env_kwargs in enumerate(worlds):  # chunks stay within one world
             plan = _plan_world(config, k, len(seeds), counts[k], rng)
-            size = max(1, -(-config.num_episodes // (4 * workers)))
             chunks += [(env_kwargs, plan[i:i + size]) for i in range(0, len(plan), size)]
         return _results_in_order(pool, [(_play_chunk, config, env_kwargs, chunk)
                                         for env_kwargs, chunk in chunks],

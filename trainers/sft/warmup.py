@@ -23,6 +23,7 @@ already copies; this stage stands in for pretraining at tiny scale.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -87,7 +88,7 @@ def induction_warmup(model: torch.nn.Module, vocab_size: int, *, steps: int,
                                   weight_decay=0.01)
     model.train()
     first = last = float("nan")
-    recent: list[float] = []
+    recent: deque[float] = deque(maxlen=TARGET_WINDOW)
     for step in range(steps):
         ids, targets = copy_task_batch(vocab_size, batch_size, half_length, chunk=chunk,
                                        generator=generator, low_id=low_id)
@@ -99,7 +100,7 @@ def induction_warmup(model: torch.nn.Module, vocab_size: int, *, steps: int,
         last = float(loss.detach())
         if step == 0:
             first = last
-        recent = (recent + [last])[-TARGET_WINDOW:]
+        recent.append(last)
         reached = target_loss > 0 and len(recent) == TARGET_WINDOW \
             and sum(recent) / TARGET_WINDOW < target_loss
         if log and (step % log_every == 0 or step == steps - 1 or reached):
