@@ -20,6 +20,7 @@ import gymnasium as gym
 from venus_gym.corpus import Task
 from venus_gym.protocol import (
     FORCED_FINAL_NOTICE,
+    ParsedTurn,
     format_error_notice,
     format_tool_response,
     parse_turn,
@@ -88,6 +89,8 @@ class DeepResearchEnv(gym.Env[str, str]):
     "final_turn_wasted": which limit this step hit), `task_id`, `hops`; `gold_answers`
     only with `reveal_answer_in_info=True`. A tool call on the turn that hits `max_turns`
     is not run (its result would be replaced by the notice): its `tool_calls` entry says so.
+    `env.unwrapped.judge_turn(action)` returns the validity and reason `step` would give the
+    turn, without taking the step (for inference loops that retry malformed turns).
 
     Observations are sanitised (`venus_gym.protocol.sanitize_observation`): lone
     surrogates, chat control tokens such as `<|im_end|>` and stray `<tool_response>` tags
@@ -112,6 +115,8 @@ class DeepResearchEnv(gym.Env[str, str]):
     - v0, visit summaries made process-independent (tenth session): the extractive
       summarizer broke some ties between equally scored sentences by Python's per-process
       hash order; it now always picks the earlier sentence, as its docstring said.
+    - v0, `judge_turn` added (eleventh session): the step's validity check without the step;
+      episodes are unchanged.
     """
 
     metadata = {"render_modes": ["ansi", "human"]}
@@ -174,16 +179,7 @@ class DeepResearchEnv(gym.Env[str, str]):
         assert task is not None
         self.turn += 1
         action_tokens = self.count_tokens(action)
-        parsed = parse_turn(action, cfg.tools)
-        valid, reason = parsed.valid, parsed.reason
-        if valid and len(action) > cfg.max_action_chars:
-            valid, reason = False, (f"turn is {len(action)} characters, over "
-                                    f"max_action_chars={cfg.max_action_chars}")
-        if valid and action_tokens > cfg.max_turn_tokens:
-            valid, reason = False, (f"turn is {action_tokens} tokens, over the per-turn cap "
-                                    f"of {cfg.max_turn_tokens}")
-        if valid and self.forced_final and parsed.kind != "answer":
-            valid, reason = False, "a tool call was made after the final-answer notice"
+        parsed, valid, reason = self._judge(action, action_tokens)
         kind = parsed.kind if valid else "invalid"
         turn_budget_hit = self.turn >= cfg.max_turns
 
@@ -246,6 +242,35 @@ class DeepResearchEnv(gym.Env[str, str]):
         if self.render_mode == "human":
             self.render()
         return obs, float(reward), terminated, truncated, info
+
+    def judge_turn(self, action: str) -> tuple[bool, str, ParsedTurn]:
+        """Would `step(action)` count this turn as well formed now? Returns (valid, reason,
+        parsed turn) exactly as `step` would judge it, without taking the step.
+
+        For callers that decide what to send, e.g. an inference loop that retries a
+        malformed turn as DR-Venus does (REFERENCE.md section 1).
+        """
+        if not self._reset_called or self._done:
+            raise gym.error.ResetNeeded("Call reset before judge_turn: no episode is running")
+        if not isinstance(action, str):
+            raise TypeError(f"DeepResearch-v0 actions are str (one assistant turn), "
+                            f"got {type(action).__name__}")
+        parsed, valid, reason = self._judge(action, self.count_tokens(action))
+        return valid, reason, parsed
+
+    def _judge(self, action: str, action_tokens: int) -> tuple[ParsedTurn, bool, str]:
+        cfg = self.config
+        parsed = parse_turn(action, cfg.tools)
+        valid, reason = parsed.valid, parsed.reason
+        if valid and len(action) > cfg.max_action_chars:
+            valid, reason = False, (f"turn is {len(action)} characters, over "
+                                    f"max_action_chars={cfg.max_action_chars}")
+        if valid and action_tokens > cfg.max_turn_tokens:
+            valid, reason = False, (f"turn is {action_tokens} tokens, over the per-turn cap "
+                                    f"of {cfg.max_turn_tokens}")
+        if valid and self.forced_final and parsed.kind != "answer":
+            valid, reason = False, "a tool call was made after the final-answer notice"
+        return parsed, valid, reason
 
     def render(self) -> str | None:
         if self.render_mode is None:

@@ -11,8 +11,9 @@ final model; ~2.2 h on 2 cores; a fourth pass, sft_compact_fourth.yaml, made it 
 
 Steps: train a BPE tokenizer on the embedded world's text; let the oracle agent write SFT
 trajectories on the *train* split; masked SFT with packing (trainers.sft); then decoding
-(greedy, or sampled with eval.temperature over eval.seeds) in DeepResearch-v0 on the
-held-out *test* split, counting format-valid turns (env info["valid"]) and correct answers.
+(greedy, or sampled with eval.temperature over eval.seeds, optionally with DR-Venus's turn
+retries, eval.retries) in DeepResearch-v0 on the held-out *test* split, counting format-valid
+turns (env info["valid"]; a retried attempt counts as malformed) and correct answers.
 Writes metrics.jsonl, the final model and eval.json under train.output_dir and prints
 `RESULT name=value` lines.
 
@@ -67,7 +68,8 @@ def evaluate_model(config: SFTExperimentConfig, model: torch.nn.Module,
     pooled, per_seed = PolicyEvaluation(), {}
     for seed in config.eval.seeds:
         evaluation = evaluate_policy(evaluation_policy(config, model, chat, seed),
-                                     config.eval_env_kwargs(), num_tasks=config.eval.num_tasks)
+                                     config.eval_env_kwargs(), num_tasks=config.eval.num_tasks,
+                                     max_retries=config.eval.retries)
         pooled.trajectories += evaluation.trajectories
         pooled.episodes += evaluation.episodes
         if len(config.eval.seeds) > 1:
@@ -159,6 +161,9 @@ def main() -> None:
                         help="override eval.temperature (0 = greedy)")
     parser.add_argument("--eval-seeds", type=int, nargs="+", default=None,
                         help="override eval.seeds (sampling seeds; each plays every task)")
+    parser.add_argument("--eval-retries", type=int, default=None,
+                        help="override eval.retries (DR-Venus inference retries of malformed, "
+                             "repetitive, empty or duplicate turns; needs a temperature > 0)")
     args = parser.parse_args()
     if len(args.config) > 1 and (args.resume or args.eval_checkpoint):
         parser.error("--resume and --eval-checkpoint name one run: give them one --config")
@@ -174,7 +179,7 @@ def main() -> None:
             config.eval.num_tasks = args.eval_tasks
         if args.eval_world_seed is not None:
             config.eval.world_seed = args.eval_world_seed
-        decoding = {"temperature": args.eval_temperature,
+        decoding = {"temperature": args.eval_temperature, "retries": args.eval_retries,
                     "seeds": None if args.eval_seeds is None else tuple(args.eval_seeds)}
         decoding = {key: value for key, value in decoding.items() if value is not None}
         if decoding:  # replace() re-runs EvalConfig's checks on the new combination

@@ -297,3 +297,27 @@ def test_duplicate_task_ids_are_rejected():
     world.tasks[1] = replace(world.tasks[1], id=world.tasks[0].id)
     with pytest.raises(ValueError, match="two tasks with id"):
         gym.make("DeepResearch-v0", world=world)
+
+
+def test_judge_turn_gives_the_verdict_step_gives_without_stepping():
+    env = make(max_turns=3, max_turn_tokens=40)
+    with pytest.raises(gym.error.ResetNeeded, match="Call reset before judge_turn"):
+        env.judge_turn(search_turn("x"))
+    env.reset(seed=5)
+    long_search = search_turn("a very long query " * 20)  # over max_turn_tokens
+    verdicts = []
+    for turn in (search_turn("first"), "<think>x", long_search):
+        valid, reason, parsed = env.judge_turn(turn)
+        assert env.turn == len(verdicts)  # judging takes no step
+        _, _, _, _, info = env.step(turn)
+        assert (info["valid"], info["reason"]) == (valid, reason)
+        verdicts.append((valid, parsed.kind))
+    assert verdicts == [(True, "search"), (False, "invalid"), (False, "search")]
+    assert "per-turn cap" in info["reason"]  # parsed fine, refused by the token cap
+    assert env.forced_final  # the third turn hit max_turns: only an answer is valid now
+    valid, reason, _ = env.judge_turn(search_turn("again"))
+    assert not valid and reason == "a tool call was made after the final-answer notice"
+    assert env.judge_turn(answer_turn("Paris"))[0]
+    env.step(answer_turn("Paris"))
+    with pytest.raises(gym.error.ResetNeeded):
+        env.judge_turn(answer_turn("Paris"))

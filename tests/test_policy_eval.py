@@ -15,7 +15,14 @@ from trainers.models import (
     kv_cache_argument,
     returned_kv_cache,
 )
-from trainers.policy import GeneratedTurn, TransformersPolicy, evaluate_policy, run_episode
+from trainers.policy import (
+    GeneratedTurn,
+    PolicyEvaluation,
+    TransformersPolicy,
+    evaluate_policy,
+    retry_reason,
+    run_episode,
+)
 from trainers.sft.pipeline import build_chat
 
 ENV = {"world_size": 300, "world_seed": 3, "hops": (1,), "max_turns": 2}
@@ -90,3 +97,81 @@ def test_policy_keeps_its_kv_cache_under_either_argument_name():
     # end-of-turn token) goes in alone with the cache the previous call returned.
     assert turn.token_ids[-1] != chat.end_of_turn_id
     assert old.caches_given == [False] + [True] * len(turn.token_ids)
+
+
+def test_retries_discard_rejected_attempts_keep_them_on_record_and_count_them():
+    from venus_gym.protocol import format_answer_turn, format_tool_turn
+
+    chat = make_chat()
+    model = build_tiny_causal_lm(chat.tokenizer, hidden=32, layers=1, heads=1)
+    env = gym.make("DeepResearch-v0", **{**ENV, "max_turns": 4})
+    search = format_tool_turn("Look it up.", "search", {"query": ["alpha"]})
+    answer = format_answer_turn("Done.", "beta")
+    # Turn 1: a malformed attempt, then the search. Turn 2: the same search again (a
+    # duplicate call), then the answer.
+    policy = Replies(model, chat, [("<think>x", False), (search, True), (search, True),
+                                   (answer, True)])
+    trajectory, stats = run_episode(env, policy, task_index=0, seed=0, max_retries=2)
+    assert policy.calls == 4
+    assert (stats.turns, stats.valid_turns, stats.retried_turns, stats.cut_turns) == (2, 2, 2, 1)
+    assert [t.kind for t in trajectory.turns] == ["search", "answer"]
+    discarded = trajectory.metadata["discarded_turns"]
+    assert [(d["turn"], d["attempt"], d["reason"]) for d in discarded] == [
+        (1, 1, "malformed"), (2, 1, "duplicate tool call")]
+    assert discarded[0]["text"] == "<think>x" and discarded[0]["cut"]
+    # Discarded attempts never enter the conversation the model and the env see.
+    assistant = [m["content"] for m in trajectory.messages if m["role"] == "assistant"]
+    assert assistant == [search, answer]
+    assert [text for role, text in env.unwrapped.transcript if role == "assistant"] == [
+        search, answer]
+    evaluation = PolicyEvaluation(episodes=[stats])
+    assert evaluation.format_valid_rate == 0.5  # 2 valid of 4 generated turns
+    assert evaluation.retried_turn_rate == 0.5 and evaluation.cut_turn_rate == 0.25
+
+
+def test_retries_send_the_last_attempt_whatever_it_is():
+    chat = make_chat()
+    model = build_tiny_causal_lm(chat.tokenizer, hidden=32, layers=1, heads=1)
+    env = gym.make("DeepResearch-v0", **ENV)  # max_turns 2, then the forced final turn
+    policy = Replies(model, chat, [("", True)])
+    trajectory, stats = run_episode(env, policy, task_index=0, seed=0, max_retries=2)
+    assert (stats.turns, stats.retried_turns, policy.calls) == (3, 6, 9)
+    assert {d["reason"] for d in trajectory.metadata["discarded_turns"]} == {"empty"}
+    assert not any(t.valid for t in trajectory.turns)
+    with_retries = PolicyEvaluation(episodes=[stats]).summary()
+    assert with_retries["format_valid_rate"] == 0.0 and with_retries["retried_turn_rate"] == 6 / 9
+    _, plain = run_episode(env, Replies(model, chat, [("", True)]), task_index=0, seed=0)
+    assert plain.retried_turns == 0 and plain.turns == 3
+
+
+def test_retry_reason_follows_dr_venus_conditions():
+    from venus_gym.protocol import format_tool_turn, parse_turn, tool_call_key
+
+    search = format_tool_turn("Look.", "search", {"query": ["alpha"]})
+    parsed = parse_turn(search)
+    assert retry_reason(search, True, parsed, set()) == ""
+    assert retry_reason(search, True, parsed, {tool_call_key(parsed.tool_call)}) == \
+        "duplicate tool call"
+    assert retry_reason(" \n", False, parse_turn(" \n"), set()) == "empty"
+    loop = "<think>" + "the same words again " * 20
+    assert retry_reason(loop, False, parse_turn(loop), set()) == "repetition"
+    assert retry_reason("<think>x", False, parse_turn("<think>x"), set()) == "malformed"
+
+
+def test_a_retried_turn_is_generated_from_its_prompt_again():
+    """The retry's prompt is the cache minus the discarded attempt: the policy must not
+    continue from the attempt's ids, it must decode as a fresh policy would."""
+    chat = make_chat()
+    torch.manual_seed(0)
+    model = build_tiny_causal_lm(chat.tokenizer, hidden=32, layers=2, heads=2)
+    policy = TransformersPolicy(model, chat, max_new_tokens=6)
+    prompt = chat.tokenizer.encode("search visit answer think " * 5, add_special_tokens=False)
+    first = policy.generate_turn(prompt)
+    again = policy.generate_turn(prompt)
+    fresh = TransformersPolicy(model, chat, max_new_tokens=6).generate_turn(prompt)
+    assert again.token_ids == first.token_ids == fresh.token_ids
+    assert torch.allclose(torch.tensor(again.logprobs), torch.tensor(fresh.logprobs), atol=1e-5)
+    # The usual case still extends the cache: a longer prompt keeps the cached ids.
+    longer = prompt + first.token_ids
+    policy.generate_turn(longer)
+    assert policy._cached_ids[:len(longer)] == longer

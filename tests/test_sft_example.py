@@ -99,7 +99,8 @@ def test_sampled_evaluation_pools_seeds_and_reports_each(tmp_path):
     played, evaluations = [], []
     original = example.evaluate_policy
 
-    def spy(policy, env_kwargs, num_tasks):
+    def spy(policy, env_kwargs, num_tasks, max_retries):
+        assert max_retries == 0  # the default: the policy as it is
         evaluation = original(policy, env_kwargs, num_tasks=num_tasks, progress=False)
         played.append([t.input_ids for t in evaluation.trajectories])
         evaluations.append(evaluation)
@@ -130,12 +131,18 @@ def test_greedy_evaluation_refuses_several_seeds(tmp_path, monkeypatch, capsys):
         EvalConfig(temperature=float("nan"))
     with pytest.raises(ValueError, match="eval.temperature must be >= 0"):
         EvalConfig(temperature=-0.1)
+    with pytest.raises(ValueError, match="a greedy retry generates the same turn again"):
+        EvalConfig(temperature=0.0, retries=2)
+    with pytest.raises(ValueError, match="eval.retries must be >= 0"):
+        EvalConfig(temperature=0.5, retries=-1)
+    assert EvalConfig(temperature=0.5, retries=5).retries == 5
     config = write_config(tmp_path / "a.yaml", {}, {"output_dir": str(tmp_path / "a")})
-    monkeypatch.setattr(sys, "argv", ["sft_tiny.py", "--config", str(config),
-                                      "--eval-seeds", "0", "1"])
-    with pytest.raises(SystemExit):
-        load_example().main()
-    assert "greedy decoding plays the same episodes" in capsys.readouterr().err
+    for flags, message in ((["--eval-seeds", "0", "1"], "greedy decoding plays the same episodes"),
+                           (["--eval-retries", "3"], "a greedy retry generates the same turn")):
+        monkeypatch.setattr(sys, "argv", ["sft_tiny.py", "--config", str(config), *flags])
+        with pytest.raises(SystemExit):
+            load_example().main()
+        assert message in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
 
 

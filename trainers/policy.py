@@ -10,6 +10,9 @@ cache (the builder only appends), so each token is encoded once per episode.
 `run_episode` plays one task and returns a `Trajectory` (messages, turns with the env's
 kind / validity / rewards, token view, rollout log-probs) and per-episode stats;
 `evaluate_policy` plays a list of tasks and aggregates format validity and accuracy.
+With `max_retries > 0` (off by default) a turn is sampled again, as DR-Venus's inference
+does, when it is empty, repetitive, malformed or repeats an earlier tool call
+(REFERENCE.md section 1); every discarded attempt still counts as a malformed turn.
 
 Where we deviate from DR-Venus and why
 * Control tokens other than the end-of-turn token (e.g. `<|im_start|>`, padding) are
@@ -17,8 +20,12 @@ Where we deviate from DR-Venus and why
   may not contain them (the chat template would read them as structure). The DR-Venus
   stop string `<tool_response>` is unnecessary here because the env parses the turn; a
   turn that runs into a tool response is simply malformed.
-* No retries on empty / repetitive / duplicate turns (REFERENCE.md section 1): evaluation
-  measures the policy as it is; retries belong to a serving engine.
+* Retries are off by default: evaluation measures the policy as it is. With
+  `max_retries` they follow DR-Venus's conditions but not its exponential backoff (there is
+  no server to wait for). A discarded attempt never enters the conversation, so the model
+  does not see its own loop, but it is kept in the trajectory's metadata and counted: the
+  format-valid rate is over every generated turn, retried ones included as malformed. The
+  RL rollouts never retry (trainers/rollout.py says why).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from transformers import Cache
 from trainers.models import kv_cache_argument, returned_kv_cache
 from trainers.tokenization import ChatTokenizer, ConversationBuilder
 from trainers.trajectory import Trajectory, Turn, check_invariants
+from venus_gym.protocol import ParsedTurn, ToolCall, is_repetitive, tool_call_key
 
 
 @dataclass
@@ -77,6 +85,18 @@ class TransformersPolicy:
         """Forget the KV cache (start of an episode)."""
         self._cache, self._cached_ids = None, []
 
+    def _reuse_cache_for(self, prompt: list[int]) -> None:
+        """Keep the KV cache if `prompt` extends the cached ids, else drop it.
+
+        A retried turn's prompt is the cache minus the discarded attempt; it is encoded
+        again rather than cut from the cache, because `Cache.crop`'s argument changed
+        meaning between transformers 5.17 and 5.24 (retries are rare, and one forward of
+        the prompt is cheap next to a turn's token-by-token decoding).
+        """
+        cached = len(self._cached_ids)
+        if not (cached < len(prompt) and self._cached_ids == prompt[:cached]):
+            self.reset()
+
     @torch.no_grad()
     def _forward(self, new_ids: list[int]) -> torch.Tensor:
         """Run new_ids through the model after the cached ids; returns the last logits."""
@@ -116,9 +136,11 @@ class TransformersPolicy:
     def generate_turn(self, prompt_ids: Sequence[int]) -> GeneratedTurn:
         """Generate one turn continuing `prompt_ids` (the whole conversation so far)."""
         prompt = list(prompt_ids)
-        if self._cached_ids != prompt[:len(self._cached_ids)]:
-            self.reset()  # a different conversation: the cache does not apply
-        logits = self._forward(prompt[len(self._cached_ids):] or prompt[-1:])
+        if not prompt:
+            raise ValueError("generate_turn needs a non-empty prompt (at least the system "
+                             "message's ids)")
+        self._reuse_cache_for(prompt)
+        logits = self._forward(prompt[len(self._cached_ids):])
         eot = self.chat.end_of_turn_id
         ids: list[int] = []
         logprobs: list[float] = []
@@ -145,7 +167,13 @@ class EpisodeStats:
     score: float
     truncated: bool
     tokens: int
-    cut_turns: int = 0  # turns that hit max_new_tokens before the end-of-turn token
+    cut_turns: int = 0  # generated turns that hit max_new_tokens before the end-of-turn token
+    retried_turns: int = 0  # attempts discarded and sampled again (all count as malformed)
+
+    @property
+    def generated_turns(self) -> int:
+        """Every turn the policy generated: those sent to the env and those retried."""
+        return self.turns + self.retried_turns
 
 
 @dataclass
@@ -157,7 +185,9 @@ class PolicyEvaluation:
 
     @property
     def format_valid_rate(self) -> float:
-        turns = sum(e.turns for e in self.episodes)
+        """Share of generated turns that were well formed; a retried attempt counts as
+        malformed whatever the reason it was discarded."""
+        turns = sum(e.generated_turns for e in self.episodes)
         return sum(e.valid_turns for e in self.episodes) / turns if turns else 0.0
 
     @property
@@ -174,19 +204,56 @@ class PolicyEvaluation:
 
     @property
     def cut_turn_rate(self) -> float:
-        """Share of turns cut by the token cap (no end-of-turn token): repetition loops."""
-        turns = sum(e.turns for e in self.episodes)
+        """Share of generated turns cut by the token cap (no end-of-turn token):
+        repetition loops."""
+        turns = sum(e.generated_turns for e in self.episodes)
         return sum(e.cut_turns for e in self.episodes) / turns if turns else 0.0
+
+    @property
+    def retried_turn_rate(self) -> float:
+        """Share of generated turns discarded by a retry (0 without retries)."""
+        turns = sum(e.generated_turns for e in self.episodes)
+        return sum(e.retried_turns for e in self.episodes) / turns if turns else 0.0
 
     def summary(self) -> dict[str, float]:
         return {"episodes": len(self.episodes), "format_valid_rate": self.format_valid_rate,
                 "accuracy": self.accuracy, "answer_rate": self.answer_rate,
-                "mean_turns": self.mean_turns, "cut_turn_rate": self.cut_turn_rate}
+                "mean_turns": self.mean_turns, "cut_turn_rate": self.cut_turn_rate,
+                "retried_turn_rate": self.retried_turn_rate}
+
+
+def retry_reason(text: str, valid: bool, parsed: ParsedTurn, earlier_calls: set[str]) -> str:
+    """Why DR-Venus's inference would sample this turn again, or "" to keep it.
+
+    Args:
+        text: the generated turn.
+        valid, parsed: the environment's verdict on it (`judge_turn`).
+        earlier_calls: `tool_call_key`s of the episode's earlier tool calls.
+    """
+    if not text.strip():
+        return "empty"
+    if is_repetitive(text):
+        return "repetition"
+    if not valid:
+        return "malformed"
+    if parsed.tool_call is not None and tool_call_key(parsed.tool_call) in earlier_calls:
+        return "duplicate tool call"
+    return ""
 
 
 def run_episode(env: gym.Env, policy: TransformersPolicy, task_index: int | None = None,
-                seed: int | None = None, trajectory_id: str = "") -> tuple[Trajectory, EpisodeStats]:
-    """Play one episode (task `task_index` of the env's split, else one drawn with `seed`)."""
+                seed: int | None = None, trajectory_id: str = "", max_retries: int = 0
+                ) -> tuple[Trajectory, EpisodeStats]:
+    """Play one episode (task `task_index` of the env's split, else one drawn with `seed`).
+
+    `max_retries` > 0: a turn that `retry_reason` rejects is discarded and generated again,
+    up to that many times; the last attempt goes to the environment whatever it is.
+    Discarded attempts are listed in `trajectory.metadata["discarded_turns"]` (turn number,
+    reason, text) and counted in `EpisodeStats.retried_turns`. Retrying a greedy policy
+    repeats the same turn, so use a temperature > 0.
+    """
+    if max_retries < 0:
+        raise ValueError(f"max_retries must be >= 0, got {max_retries}")
     options = {"task_index": task_index} if task_index is not None else None
     observation, info = env.reset(seed=seed, options=options)
     base = env.unwrapped
@@ -197,14 +264,29 @@ def run_episode(env: gym.Env, policy: TransformersPolicy, task_index: int | None
     policy.reset()
     turns: list[Turn] = []
     score, answered, truncated, done, cut_turns = 0.0, False, False, False, 0
+    discarded: list[dict[str, Any]] = []
+    earlier_calls: set[str] = set()
     while not done:
-        generated = policy.generate_turn(builder.prompt_ids())
-        cut_turns += generated.token_ids[-1:] != [policy.chat.end_of_turn_id]
+        prompt_ids = builder.prompt_ids()
+        for attempt in range(max_retries + 1):
+            generated = policy.generate_turn(prompt_ids)
+            cut = generated.token_ids[-1:] != [policy.chat.end_of_turn_id]
+            cut_turns += cut
+            if attempt == max_retries:
+                break
+            valid, _, parsed = base.judge_turn(generated.text)
+            reason = retry_reason(generated.text, valid, parsed, earlier_calls)
+            if not reason:
+                break
+            discarded.append({"turn": len(turns) + 1, "attempt": attempt + 1,
+                              "reason": reason, "cut": bool(cut), "text": generated.text})
         builder.add_generation(generated.token_ids, generated.text, generated.logprobs)
         # The record keeps the builder's text (control-token strings defused; see
         # ConversationBuilder), the environment parses what was generated.
         observation, reward, terminated, truncated, info = env.step(generated.text)
         done = terminated or truncated
+        earlier_calls.update(tool_call_key(ToolCall(call["name"], call["arguments"]))
+                             for call in info["tool_calls"])
         turns.append(Turn(kind=info["kind"], valid=bool(info["valid"]),
                           assistant=builder.messages[-1]["content"],
                           env_reply=observation or None,
@@ -225,20 +307,21 @@ def run_episode(env: gym.Env, policy: TransformersPolicy, task_index: int | None
     trajectory = Trajectory(
         id=trajectory_id or f"{task.id}/policy", messages=builder.messages, task_id=task.id,
         question=task.question, answers=list(task.answers), turns=turns, outcome=score,
-        metadata={"hops": task.hops}).with_tokens(tokenized, builder.rollout_logprobs)
+        metadata={"hops": task.hops, **({"discarded_turns": discarded} if max_retries else {})}
+    ).with_tokens(tokenized, builder.rollout_logprobs)
     check_invariants(trajectory)
     stats = EpisodeStats(task_id=task.id, hops=task.hops, turns=len(turns),
                          valid_turns=sum(t.valid for t in turns), answered=answered,
                          score=score, truncated=truncated, tokens=len(tokenized.input_ids),
-                         cut_turns=cut_turns)
+                         cut_turns=cut_turns, retried_turns=len(discarded))
     return trajectory, stats
 
 
 def evaluate_policy(policy: TransformersPolicy, env_kwargs: dict[str, Any],
-                    num_tasks: int = 0, task_split: str = "test", progress: bool = True
-                    ) -> PolicyEvaluation:
+                    num_tasks: int = 0, task_split: str = "test", progress: bool = True,
+                    max_retries: int = 0) -> PolicyEvaluation:
     """Play the first `num_tasks` tasks of `task_split` (0 = all), one episode each, with a
-    tqdm bar on stderr unless `progress` is False."""
+    tqdm bar on stderr unless `progress` is False (`max_retries`: see run_episode)."""
     env = gym.make("DeepResearch-v0", **{**env_kwargs, "task_split": task_split})
     count = len(env.unwrapped.tasks) if num_tasks <= 0 else min(num_tasks,
                                                                 len(env.unwrapped.tasks))
@@ -246,7 +329,8 @@ def evaluate_policy(policy: TransformersPolicy, env_kwargs: dict[str, Any],
     for index in tqdm(range(count), desc=f"evaluating on {task_split}", unit="episode",
                       disable=not progress):
         trajectory, stats = run_episode(env, policy, task_index=index, seed=index,
-                                        trajectory_id=f"eval-{task_split}-{index:05d}")
+                                        trajectory_id=f"eval-{task_split}-{index:05d}",
+                                        max_retries=max_retries)
         evaluation.trajectories.append(trajectory)
         evaluation.episodes.append(stats)
     env.close()

@@ -187,10 +187,21 @@ class EvalConfig:
     world_seed: int = _help("World whose test tasks are played (-1 = env.world_seed). Another "
                             "world no training data came from is a validation set: choose "
                             "checkpoints on it, not on the test tasks you report.", -1)
+    retries: int = _help("DR-Venus inference retries: sample a turn again (up to this many "
+                         "times) when it is empty, repetitive, malformed or repeats an earlier "
+                         "tool call (REFERENCE.md section 1). Every discarded attempt counts "
+                         "as a malformed turn in format_valid_rate. 0 = off (the policy as it "
+                         "is); needs temperature > 0.", 0)
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:  # also refuses NaN
             raise ValueError(f"eval.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.retries < 0:
+            raise ValueError(f"eval.retries must be >= 0 (0 = off), got {self.retries}")
+        if self.retries and self.temperature == 0:
+            raise ValueError(f"eval.retries is {self.retries} but eval.temperature is 0: a "
+                             "greedy retry generates the same turn again; set a temperature "
+                             "> 0 or retries 0")
         if not self.seeds:
             raise ValueError("eval.seeds is empty: give at least one sampling seed")
         if len(set(self.seeds)) != len(self.seeds):  # item types are checked by from_dict
