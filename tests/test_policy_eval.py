@@ -142,6 +142,10 @@ def test_retries_send_the_last_attempt_whatever_it_is():
     assert with_retries["format_valid_rate"] == 0.0 and with_retries["retried_turn_rate"] == 6 / 9
     _, plain = run_episode(env, Replies(model, chat, [("", True)]), task_index=0, seed=0)
     assert plain.retried_turns == 0 and plain.turns == 3
+    evaluation = evaluate_policy(Replies(model, chat, [("", True)]), ENV, num_tasks=2,
+                                 progress=False, max_retries=1)
+    assert [e.retried_turns for e in evaluation.episodes] == [3, 3]
+    assert all(len(t.metadata["discarded_turns"]) == 3 for t in evaluation.trajectories)
 
 
 def test_retry_reason_follows_dr_venus_conditions():
@@ -171,6 +175,14 @@ def test_a_retried_turn_is_generated_from_its_prompt_again():
     fresh = TransformersPolicy(model, chat, max_new_tokens=6).generate_turn(prompt)
     assert again.token_ids == first.token_ids == fresh.token_ids
     assert torch.allclose(torch.tensor(again.logprobs), torch.tensor(fresh.logprobs), atol=1e-5)
+    # An attempt that ends at once (end-of-turn first) leaves the cache exactly at the
+    # prompt: the retry must not run the prompt's last id a second time.
+    primed = TransformersPolicy(model, chat, max_new_tokens=6)
+    primed._forward(prompt)
+    retried = primed.generate_turn(prompt)
+    assert retried.token_ids == fresh.token_ids
+    assert torch.allclose(torch.tensor(retried.logprobs), torch.tensor(fresh.logprobs),
+                          atol=1e-5)
     # The usual case still extends the cache: a longer prompt keeps the cached ids.
     longer = prompt + first.token_ids
     policy.generate_turn(longer)

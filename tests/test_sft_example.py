@@ -91,7 +91,7 @@ def test_sampled_evaluation_pools_seeds_and_reports_each(tmp_path):
     path = write_config(tmp_path / "a.yaml", {}, {"output_dir": str(tmp_path / "a")})
     config = load_config(path)
     config.eval = dataclasses.replace(config.eval, num_tasks=2, max_new_tokens=12,
-                                      temperature=1.0, seeds=(3, 4))
+                                      temperature=1.0, seeds=(3, 4), retries=1)
     tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
     chat = build_chat(tokenizer)
     model = build_model(config.model, tokenizer)
@@ -100,8 +100,9 @@ def test_sampled_evaluation_pools_seeds_and_reports_each(tmp_path):
     original = example.evaluate_policy
 
     def spy(policy, env_kwargs, num_tasks, max_retries):
-        assert max_retries == 0  # the default: the policy as it is
-        evaluation = original(policy, env_kwargs, num_tasks=num_tasks, progress=False)
+        assert max_retries == 1  # eval.retries reaches the evaluation
+        evaluation = original(policy, env_kwargs, num_tasks=num_tasks, progress=False,
+                              max_retries=max_retries)
         played.append([t.input_ids for t in evaluation.trajectories])
         evaluations.append(evaluation)
         return evaluation
@@ -113,7 +114,13 @@ def test_sampled_evaluation_pools_seeds_and_reports_each(tmp_path):
                             "accuracy_seed3", "accuracy_seed4"}
     assert len(played) == 2 and played[0] != played[1]  # the seeds sampled differently
     turns = [turn.valid for run in evaluations for t in run.trajectories for turn in t.turns]
-    assert results["format_valid_rate"] == pytest.approx(sum(turns) / len(turns))
+    # An untrained model's 12-token turns are malformed, so each turn was retried once, and
+    # every discarded attempt counts as a malformed turn.
+    discarded = sum(len(t.metadata["discarded_turns"]) for run in evaluations
+                    for t in run.trajectories)
+    assert discarded == len(turns)
+    assert results["format_valid_rate"] == pytest.approx(sum(turns) / (len(turns) + discarded))
+    assert results["retried_turn_rate"] == pytest.approx(discarded / (len(turns) + discarded))
 
 
 def test_greedy_evaluation_refuses_several_seeds(tmp_path, monkeypatch, capsys):

@@ -249,7 +249,8 @@ def run_episode(env: gym.Env, policy: TransformersPolicy, task_index: int | None
     `max_retries` > 0: a turn that `retry_reason` rejects is discarded and generated again,
     up to that many times; the last attempt goes to the environment whatever it is.
     Discarded attempts are listed in `trajectory.metadata["discarded_turns"]` (turn number,
-    reason, text) and counted in `EpisodeStats.retried_turns`. Retrying a greedy policy
+    attempt number, reason, whether the token cap cut it, text) and counted in
+    `EpisodeStats.retried_turns`. Retrying a greedy policy
     repeats the same turn, so use a temperature > 0.
     """
     if max_retries < 0:
