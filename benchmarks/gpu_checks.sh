@@ -19,6 +19,17 @@
 # Each step has its own time limit, and a failed step does not stop the later ones; the
 # script exits non-zero if any failed. Logs go to OUTPUT_DIR (default: runs/gpu_checks).
 # STEPS="sft_tests sft_speed" runs only the steps named.
+#
+# The lent GPU image (Python 3.12, no network) lacks gymnasium, Farama-Notifications and
+# tantivy. Download their wheels on a machine with the package index, into `.whl` (add
+# `/.whl/` to .git/info/exclude and carry it to the GPU machine):
+#     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#         --implementation cp --platform manylinux_2_28_x86_64 \
+#         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#         gymnasium==1.4.0 farama-notifications==0.0.4 tantivy==0.27.0
+# and on the GPU machine, before this script:
+#     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+#     export PYTHONPATH=/tmp/site:$PWD
 set -u
 out=${1:-runs/gpu_checks}
 mkdir -p "$out"
