@@ -182,7 +182,9 @@ def test_yaml_config_round_trip(tmp_path):
 
 @pytest.mark.parametrize("name", ["sft_tiny", "sft_tiny512", "sft_tiny512_more", "sft_words",
                                   "sft_compact", "sft_compact_more", "sft_compact_third",
-                                  "sft_compact_fourth", "sft_compact_recover", "sft_compact_grown"])
+                                  "sft_compact_fourth", "sft_compact_recover", "sft_compact_grown",
+                                  "sft_compact_onepass", "sft_compact_onepass_more",
+                                  "sft_compact_onepass_third"])
 def test_example_config_names_its_command(name):
     from pathlib import Path
 
@@ -284,3 +286,25 @@ def test_a_warmup_target_needs_a_warmup_as_long_as_its_window():
         with pytest.raises(ValueError, match="induction_warmup_steps must be >= 10"):
             TrainConfig(induction_warmup_target_loss=1.0, induction_warmup_steps=steps)
     TrainConfig(induction_warmup_target_loss=1.0, induction_warmup_steps=TARGET_WINDOW)
+
+
+def test_two_pass_chain_keeps_the_test_and_validation_worlds_out_of_training():
+    """sft_compact_onepass -> _more -> _third: each pass starts from the previous final
+    model, trains on worlds no earlier pass used, and none trains on world 0 (the test
+    tasks) or world 45 (the validation world the third pass is evaluated on)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "examples" / "configs"
+    chain = [load_config(root / f"{name}.yaml") for name in (
+        "sft_compact_onepass", "sft_compact_onepass_more", "sft_compact_onepass_third")]
+    seen_worlds: set[int] = set()
+    for index, config in enumerate(chain):
+        worlds = set(config.data.world_seeds)
+        assert not worlds & ({0, 45} | seen_worlds)
+        seen_worlds |= worlds
+        assert config.env.world_seed == 0 and config.env.prompt_style == "compact"
+        if index:
+            final = f"{chain[index - 1].train.output_dir}/final"
+            assert (config.model.name, config.model.tokenizer) == (final, final)
+            assert config.train.induction_warmup_steps == 0
+    assert chain[-1].eval.world_seed == 45
