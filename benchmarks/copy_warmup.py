@@ -73,8 +73,9 @@ def main() -> None:
     parser.add_argument("--solved", type=float, default=1.0,
                         help="copy loss (nats) counted as solved")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu", help="e.g. cuda (one H100 ran hidden 256 x 6 layers at ~30 steps/s "
-                        "with four runs sharing it)")
+    parser.add_argument("--device", default="cpu",
+                        help="e.g. cuda (one H100 ran hidden 256 x 6 layers at ~30 steps/s "
+                             "with four runs sharing it)")
     args = parser.parse_args()
     print(f"vocab {args.vocab} (chance {math.log(args.vocab - 10):.2f} nats), hidden "
           f"{args.hidden}, layers {args.layers}, heads {args.heads}, lr {args.lr}, "

@@ -183,12 +183,15 @@ class PolicyEvaluation:
     trajectories: list[Trajectory] = field(default_factory=list)
     episodes: list[EpisodeStats] = field(default_factory=list)
 
+    def _share_of_generated_turns(self, count: int) -> float:
+        turns = sum(e.generated_turns for e in self.episodes)
+        return count / turns if turns else 0.0
+
     @property
     def format_valid_rate(self) -> float:
         """Share of generated turns that were well formed; a retried attempt counts as
         malformed whatever the reason it was discarded."""
-        turns = sum(e.generated_turns for e in self.episodes)
-        return sum(e.valid_turns for e in self.episodes) / turns if turns else 0.0
+        return self._share_of_generated_turns(sum(e.valid_turns for e in self.episodes))
 
     @property
     def accuracy(self) -> float:
@@ -206,14 +209,12 @@ class PolicyEvaluation:
     def cut_turn_rate(self) -> float:
         """Share of generated turns cut by the token cap (no end-of-turn token):
         repetition loops."""
-        turns = sum(e.generated_turns for e in self.episodes)
-        return sum(e.cut_turns for e in self.episodes) / turns if turns else 0.0
+        return self._share_of_generated_turns(sum(e.cut_turns for e in self.episodes))
 
     @property
     def retried_turn_rate(self) -> float:
         """Share of generated turns discarded by a retry (0 without retries)."""
-        turns = sum(e.generated_turns for e in self.episodes)
-        return sum(e.retried_turns for e in self.episodes) / turns if turns else 0.0
+        return self._share_of_generated_turns(sum(e.retried_turns for e in self.episodes))
 
     def summary(self) -> dict[str, float]:
         return {"episodes": len(self.episodes), "format_valid_rate": self.format_valid_rate,

@@ -54,10 +54,11 @@ def induction_warmup(model: torch.nn.Module, vocab_size: int, *, steps: int,
 
     Copying arrives as a phase change (the loss sits near chance for hundreds or thousands
     of steps, then falls by several nats within ~100), and when it arrives depends on the
-    model's shape, the batch size and the lr (docs/sft.md has a table). With `target_loss` > 0 the warm-up stops as soon as
-    the mean loss of the last TARGET_WINDOW steps is below it, and raises
-    InductionWarmupError if `steps` pass first: SFT after a failed warm-up does not learn
-    to copy names (docs/benchmarks.md, tenth session), so a long run should not start.
+    model's shape, the batch size and the lr (docs/sft.md has a table). With `target_loss`
+    > 0 the warm-up stops as soon as the mean loss of the last TARGET_WINDOW steps is below
+    it, and raises InductionWarmupError if `steps` pass first: SFT after a failed warm-up
+    does not learn to copy names (docs/benchmarks.md, tenth session), so a long run should
+    not start.
 
     Args:
         model: a causal LM (returns `.logits` [B, L, V]); left in train mode.
