@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
 from trainers.sft.config import (
@@ -180,44 +182,62 @@ def test_yaml_config_round_trip(tmp_path):
         load_config(path)
 
 
-@pytest.mark.parametrize("name", ["sft_tiny", "sft_tiny512", "sft_tiny512_more", "sft_words",
-                                  "sft_compact", "sft_compact_more", "sft_compact_third",
-                                  "sft_compact_fourth", "sft_compact_recover", "sft_compact_grown",
-                                  "sft_compact_onepass", "sft_compact_onepass_more",
-                                  "sft_compact_onepass_third"])
-def test_example_config_names_its_command(name):
-    from pathlib import Path
+REPO = Path(__file__).resolve().parents[1]
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "configs" / f"{name}.yaml"
+
+def sft_config_paths() -> list[Path]:
+    """Every SFT config the repository ships (examples/configs) or records (experiments/):
+    the files that have no RL `rollout` section."""
+    paths = sorted(path for folder in ("examples/configs", "experiments/configs")
+                   for path in (REPO / folder).glob("*.yaml"))
+    return [path for path in paths if "rollout" not in (yaml.safe_load(path.read_text()) or {})]
+
+
+SFT_CONFIGS = sft_config_paths()
+
+
+@pytest.mark.parametrize("path", SFT_CONFIGS, ids=lambda path: path.relative_to(REPO).as_posix())
+def test_every_sft_config_loads_and_names_its_command_first(path):
     first_line = path.read_text().splitlines()[0]
-    assert first_line.startswith("# ") and f"--config examples/configs/{name}.yaml" in first_line
+    own = path.relative_to(REPO).as_posix()
+    assert first_line.startswith("# ") and (f"--config {own}" in first_line
+                                            or first_line.startswith("# venus-gym demo")), (
+        f"{own}: line 1 must be the command that runs it, got {first_line!r}")
     load_config(path)
 
 
-def test_compact_passes_chain_and_are_evaluated_alike():
-    """sft_compact -> _more -> _third -> _fourth (examples/sft_tiny.py runs them in
-    order): each pass starts from the previous pass's final model and tokenizer, trains on
-    worlds no earlier pass used, and all three are evaluated on the same held-out tasks with
-    the compact prompt they are trained with."""
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1] / "examples" / "configs"
-    chain = [load_config(root / f"{name}.yaml")
-             for name in ("sft_compact", "sft_compact_more", "sft_compact_third",
-                          "sft_compact_fourth")]
-    assert chain[0].model.name == "tiny" and chain[0].train.induction_warmup_steps > 0
-    seen_worlds: set[int] = set()
-    for previous, current in zip(chain, chain[1:], strict=False):
-        final = f"{previous.train.output_dir}/final"
-        assert (current.model.name, current.model.tokenizer) == (final, final)
-        assert current.train.induction_warmup_steps == 0
-        seen_worlds |= set(previous.data.world_seeds)
-        assert not seen_worlds & set(current.data.world_seeds)
-        assert current.data.seed != previous.data.seed
-    for config in chain:
-        assert config.env == chain[0].env and config.eval == chain[0].eval
-        assert config.env.prompt_style == "compact" and config.env.world_seed not in \
-            config.data.world_seeds
+def test_chained_passes_continue_their_parent_and_keep_off_held_out_worlds():
+    """A config whose model is another config's `<output_dir>/final` is a later pass of a
+    chain (the SFT command runs several configs in order). Each such pass starts from its
+    parent's final model and tokenizer, skips the induction warm-up, is trained with the
+    parent's environment (prompt, world settings), and does not repeat the parent's data in
+    the same order. No config trains on a world that any config evaluates on (the test
+    world and the validation worlds), and a pass on new worlds uses none its ancestors used."""
+    configs = {path.relative_to(REPO).as_posix(): load_config(path) for path in SFT_CONFIGS}
+    by_final = {f"{config.train.output_dir}/final": name for name, config in configs.items()}
+    held_out = {config.env.world_seed for config in configs.values()} | {
+        config.eval.world_seed for config in configs.values() if config.eval.world_seed >= 0}
+    chained = 0
+    for name, config in configs.items():
+        worlds = set(config.data.world_seeds)
+        assert not worlds & held_out, f"{name} trains on held-out worlds {worlds & held_out}"
+        parent_name = by_final.get(config.model.name)
+        if parent_name is None:
+            continue
+        chained += 1
+        parent = configs[parent_name]
+        assert config.model.tokenizer == config.model.name, name
+        assert config.train.induction_warmup_steps == 0, name
+        assert config.env == parent.env, name
+        assert (config.data.seed, config.train.seed, worlds) != (
+            parent.data.seed, parent.train.seed, set(parent.data.world_seeds)), name
+        ancestor_worlds: set[int] = set()
+        while parent_name is not None:
+            ancestor_worlds |= set(configs[parent_name].data.world_seeds)
+            parent_name = by_final.get(configs[parent_name].model.name)
+        assert not worlds & ancestor_worlds or worlds == set(parent.data.world_seeds), (
+            f"{name} reuses some, not all, of its ancestors' worlds")
+    assert chained, "no chained SFT configs found: nothing was checked"
 
 
 def test_device_setting_resolves_or_names_the_problem(monkeypatch):
@@ -286,25 +306,3 @@ def test_a_warmup_target_needs_a_warmup_as_long_as_its_window():
         with pytest.raises(ValueError, match="induction_warmup_steps must be >= 10"):
             TrainConfig(induction_warmup_target_loss=1.0, induction_warmup_steps=steps)
     TrainConfig(induction_warmup_target_loss=1.0, induction_warmup_steps=TARGET_WINDOW)
-
-
-def test_two_pass_chain_keeps_the_test_and_validation_worlds_out_of_training():
-    """sft_compact_onepass -> _more -> _third: each pass starts from the previous final
-    model, trains on worlds no earlier pass used, and none trains on world 0 (the test
-    tasks) or world 45 (the validation world the third pass is evaluated on)."""
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1] / "examples" / "configs"
-    chain = [load_config(root / f"{name}.yaml") for name in (
-        "sft_compact_onepass", "sft_compact_onepass_more", "sft_compact_onepass_third")]
-    seen_worlds: set[int] = set()
-    for index, config in enumerate(chain):
-        worlds = set(config.data.world_seeds)
-        assert not worlds & ({0, 45} | seen_worlds)
-        seen_worlds |= worlds
-        assert config.env.world_seed == 0 and config.env.prompt_style == "compact"
-        if index:
-            final = f"{chain[index - 1].train.output_dir}/final"
-            assert (config.model.name, config.model.tokenizer) == (final, final)
-            assert config.train.induction_warmup_steps == 0
-    assert chain[-1].eval.world_seed == 45
