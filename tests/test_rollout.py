@@ -4,7 +4,7 @@ through trainers.trajectory.check_invariants with the tokenizer."""
 
 from __future__ import annotations
 
-import time
+import threading
 from typing import Any
 
 import pytest
@@ -176,9 +176,17 @@ def test_env_context_budget_with_real_token_counter_forces_a_final_answer(chat):
         assert t.turns[-1].forced_final and t.metadata["budget"] in ("context", None)
 
 
-class _SleepingSearch:
+class _StuckSearch:
+    """Hangs until the test releases it (at most 10 s)."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.calls = self.answered = 0
+
     def search(self, query: str, k: int) -> list[Any]:
-        time.sleep(3.0)
+        self.calls += 1
+        self.release.wait(10.0)
+        self.answered += 1
         return []
 
 
@@ -187,18 +195,22 @@ class _CrashingSearch:
         raise ToolBackendError("search backend crashed")
 
 
-@pytest.mark.parametrize("backend", [_SleepingSearch(), _CrashingSearch()],
-                         ids=["stuck", "crashing"])
-def test_stuck_or_crashing_tool_backend_cannot_hang_the_rollout(chat, backend):
-    # Two turns: one search (run), then the forced final turn; no retries, so the stuck
-    # backend costs one 0.2 s timeout per query instead of 3 s.
+@pytest.mark.parametrize("kind", ["stuck", "crashing"])
+def test_stuck_or_crashing_tool_backend_cannot_hang_the_rollout(chat, kind):
+    # Two turns: one search (run), then the forced final turn; no retries, so a stuck
+    # backend costs one 0.2 s timeout per query and is never waited for.
+    backend = _StuckSearch() if kind == "stuck" else _CrashingSearch()
     group = DeepResearchGroupEnv(group_size=2, max_turns=2, tool_timeout_s=0.2, tool_retries=0,
                                  **WORLD)
     group.envs[0].toolbox.search_backend = backend  # shared by every member
     engine = ScriptedEngine(chat.tokenizer, oracle_respond(group), chat.end_of_turn_id)
-    started = time.perf_counter()
-    trajectories = rollout_group(engine, group, chat, seed=2)
-    assert time.perf_counter() - started < 2.9  # one sleeping call alone would take 3 s
+    try:
+        trajectories = rollout_group(engine, group, chat, seed=2)
+        if kind == "stuck":  # every call was abandoned while its backend still hung
+            assert backend.answered == 0
+    finally:
+        if kind == "stuck":
+            backend.release.set()
     check_group(trajectories, chat)
     for t in trajectories:
         assert t.turns[0].kind == "search"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -86,20 +85,6 @@ def test_extractive_is_deterministic_and_ties_prefer_earlier_sentences():
     assert first.summary == "Alpha one."
 
 
-def test_extractive_is_fast():
-    text = " ".join(f"Sentence {i} mentions Jekdei Saikvror and fact{i} in {1800 + i}."
-                    for i in range(20))
-    page = Page("u", "Jekdei Saikvror", text)
-    summarizer = ExtractiveSummarizer()
-    summarizer.summarize(page, "warm up")
-    n = 300
-    t0 = time.perf_counter()
-    for i in range(n):
-        summarizer.summarize(page, f"When did Jekdei Saikvror get fact{i % 20}?")
-    per_page = (time.perf_counter() - t0) / n
-    assert per_page < 1e-3, f"{per_page * 1e6:.0f} us per 20-sentence page"
-
-
 @pytest.mark.parametrize("reply, evidence", [
     ('{"rational": "r", "evidence": "e", "summary": "s"}', "e"),
     ('Sure! ```json\n{"rational": "r", "evidence": "e", "summary": "s"}\n``` Hope it helps.',
@@ -125,6 +110,8 @@ def test_parse_summary_reply_rejects_replies_without_the_object(reply):
 class _LLM(BaseHTTPRequestHandler):
     mode = "ok"
     requests: list[tuple[str, dict, dict]] = []
+    release = threading.Event()  # a "slow" request waits for it (at most 10 s)
+    answered_slow = False
 
     def log_message(self, *args):
         pass
@@ -133,7 +120,8 @@ class _LLM(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _LLM.requests.append((self.path, dict(self.headers), body))
         if _LLM.mode == "slow":
-            time.sleep(1.5)
+            _LLM.release.wait(10.0)
+            _LLM.answered_slow = True
         if _LLM.mode == "error":
             payload, status = b'{"error": "model overloaded"}', 500
         else:
@@ -195,11 +183,14 @@ def test_openai_summarizer_http_error(llm):
 
 
 def test_openai_summarizer_timeout(llm):
-    _LLM.mode = "slow"
-    t0 = time.perf_counter()
-    with pytest.raises(ToolBackendError, match="did not answer within 0.3 s"):
-        OpenAISummarizer(llm, "m", timeout_s=0.3).summarize(PAGE, "goal")
-    assert time.perf_counter() - t0 < 1.2
+    _LLM.mode, _LLM.answered_slow = "slow", False
+    _LLM.release.clear()
+    try:
+        with pytest.raises(ToolBackendError, match="did not answer within 0.3 s"):
+            OpenAISummarizer(llm, "m", timeout_s=0.3).summarize(PAGE, "goal")
+        assert not _LLM.answered_slow  # the client gave up before the server answered
+    finally:
+        _LLM.release.set()
 
 
 def test_openai_summarizer_unreachable():
