@@ -22,7 +22,7 @@ import time
 import gymnasium as gym
 import numpy as np
 
-import venus_gym  # noqa: F401  (registers DeepResearch-v0)
+import envs  # noqa: F401  (registers the environments)
 from venus_gym.tools import LocalSearchIndex
 from venus_gym.worlds import load_world
 from venus_gym.worlds.oracle import OracleAgent

@@ -12,7 +12,7 @@ from collections import Counter
 
 import gymnasium as gym
 
-import venus_gym  # noqa: F401
+import envs  # noqa: F401  (registers the environments)
 from venus_gym.worlds import load_world
 
 

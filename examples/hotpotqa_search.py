@@ -11,7 +11,7 @@ import argparse
 
 import gymnasium as gym
 
-import venus_gym  # noqa: F401
+import envs  # noqa: F401  (registers the environments)
 from venus_gym.protocol import format_tool_turn
 
 

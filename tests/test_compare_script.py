@@ -1,22 +1,19 @@
-"""examples/compare_igpo_grpo.py reads a finished run back instead of training it again."""
+"""trainers.rl.compare (examples/compare_igpo_grpo.py) reads a finished run back instead of
+training it again."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "compare_igpo_grpo.py"
-
 
 @pytest.fixture(scope="module")
 def compare():
-    spec = importlib.util.spec_from_file_location("compare_igpo_grpo", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from trainers.rl import compare
+
+    return compare
 
 
 CONFIG = {"policy": {"path": "runs/sft/final"}, "run": {"seed": 1, "steps": 5},

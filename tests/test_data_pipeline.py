@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_data_fixtures import drvenus_record, long_record, search, visit, write_lines
+from trainers.cli import main as venus_gym_main
 from trainers.data.pipeline import (
     OUTPUT_NAMES,
     PipelineConfig,
@@ -18,7 +19,6 @@ from trainers.data.pipeline import (
     trajectory_record,
 )
 from trainers.trajectory import Trajectory, Turn, read_trajectories
-from venus_gym.cli import main as venus_gym_main
 
 PYTHON = ("python", {"code": "print(1)"})
 

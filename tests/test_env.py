@@ -6,10 +6,9 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import venus_gym  # noqa: F401
 from envs.deep_research import DeepResearchEnv
+from envs.registration import ENV_SPECS
 from venus_gym.protocol import FORCED_FINAL_NOTICE, format_answer_turn, format_tool_turn
-from venus_gym.registration import ENV_SPECS
 from venus_gym.tools import ToolBackendError
 
 SMALL = {"world_size": 300, "world_seed": 3}

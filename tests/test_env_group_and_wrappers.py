@@ -5,7 +5,7 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 
-import venus_gym  # noqa: F401
+import envs  # noqa: F401  (registers the environments)
 from envs.group import DeepResearchGroupEnv
 from envs.wrappers import ChatHistory
 from venus_gym.protocol import format_answer_turn, format_tool_turn

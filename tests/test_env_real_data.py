@@ -12,7 +12,7 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import venus_gym  # noqa: F401
+import envs  # noqa: F401  (registers the environments)
 from venus_gym.protocol import format_tool_turn
 from venus_gym.tools import LocalSearchIndex
 from venus_gym.tools.retrieval_server import serve_index

@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import gymnasium as gym
 
-import venus_gym  # noqa: F401
+import envs  # noqa: F401  (registers the environments)
 from venus_gym.protocol import format_tool_turn
 from venus_gym.worlds.oracle import OracleAgent
 

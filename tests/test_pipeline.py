@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from importlib.resources import files
 from pathlib import Path
 
 import pytest
@@ -18,15 +19,27 @@ from trainers.trajectory import read_trajectories
 CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
 
 
-@pytest.mark.parametrize("name", ["demo_igpo.yaml", "compare_rl.yaml",
-                                  "cluster_igpo_vllm.yaml"])
-def test_shipped_rl_configs_load_and_validate(name):
-    config = load_rl_config(CONFIGS / name)
+@pytest.mark.parametrize("path", [DEFAULT_RL_CONFIG, CONFIGS / "compare_rl.yaml",
+                                  CONFIGS / "cluster_igpo_vllm.yaml"],
+                         ids=["demo_igpo", "compare_rl", "cluster_igpo_vllm"])
+def test_shipped_rl_configs_load_and_validate(path):
+    config = load_rl_config(path)
     config.policy.path = "somewhere"
     config.validate()
-    text = (CONFIGS / name).read_text()
+    text = Path(path).read_text()
     assert text.startswith("# ") and ("venus-gym" in text.splitlines()[0]
                                       or "python" in text.splitlines()[0])
+
+
+def test_the_default_configs_are_package_data_named_by_their_command():
+    """`venus-gym demo` reads its defaults from the installed package, not a checkout; each
+    names the command that runs it on its first line."""
+    shipped = files("trainers") / "configs"
+    assert [DEFAULT_SFT_CONFIG, DEFAULT_RL_CONFIG] == [str(shipped / "demo_sft.yaml"),
+                                                       str(shipped / "demo_igpo.yaml")]
+    for path in (DEFAULT_SFT_CONFIG, DEFAULT_RL_CONFIG):
+        assert Path(path).read_text().splitlines()[0].startswith("# venus-gym demo")
+    assert load_config(DEFAULT_SFT_CONFIG).data.num_episodes > 0
 
 
 def test_pipeline_runs_every_stage_and_writes_the_report(tmp_path):

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import gymnasium as gym
 import torch
 
-import venus_gym  # noqa: F401  (registers the environments)
+import envs  # noqa: F401  (registers the environments)
 from trainers.models import (
     build_chatml_tokenizer,
     build_tiny_causal_lm,

@@ -1,25 +1,16 @@
-"""examples/sft_tiny.py runs several configs in order, a later pass starting from an earlier
-pass's final model (how the seventh session's three passes run as one command)."""
+"""The SFT recipe (trainers.sft.recipe, `venus-gym sft`) runs several configs in order, a
+later pass starting from an earlier pass's final model (several passes as one command)."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from safetensors.torch import load_file
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sft_tiny.py"
-
-
-def load_example():
-    spec = importlib.util.spec_from_file_location("sft_tiny_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from trainers.sft import recipe
 
 
 def write_config(path: Path, model: dict, train: dict) -> Path:
@@ -36,15 +27,14 @@ def write_config(path: Path, model: dict, train: dict) -> Path:
 
 
 def test_configs_run_in_order_and_a_later_pass_starts_from_the_earlier_model(
-        tmp_path, monkeypatch, capsys):
+        tmp_path, capsys):
     first_dir, second_dir = tmp_path / "first", tmp_path / "second"
     first = write_config(tmp_path / "first.yaml", {}, {"output_dir": str(first_dir),
                                                          "lr": 1e-2})
     final = str(first_dir / "final")
     second = write_config(tmp_path / "second.yaml", {"name": final, "tokenizer": final},
                           {"output_dir": str(second_dir), "lr": 1e-7})
-    monkeypatch.setattr(sys, "argv", ["sft_tiny.py", "--config", str(first), str(second)])
-    load_example().main()
+    assert recipe.main(["--config", str(first), str(second)]) == 0
     out = capsys.readouterr().out
     assert out.index(f"== {first}") < out.index(f"== {second}")
     assert out.count("RESULT format_valid_rate=") == 2
@@ -58,31 +48,49 @@ def test_configs_run_in_order_and_a_later_pass_starts_from_the_earlier_model(
     assert moved < 1e-5
 
 
-def test_several_configs_refuse_a_flag_that_names_one_run(tmp_path, monkeypatch, capsys):
+def test_several_configs_refuse_a_flag_that_names_one_run(tmp_path, capsys):
     config = write_config(tmp_path / "a.yaml", {}, {"output_dir": str(tmp_path / "a")})
-    monkeypatch.setattr(sys, "argv", ["sft_tiny.py", "--config", str(config), str(config),
-                                      "--resume", "latest"])
     with pytest.raises(SystemExit):
-        load_example().main()
+        recipe.main(["--config", str(config), str(config), "--resume", "latest"])
     assert "give them one --config" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+
+
+def test_venus_gym_sft_hands_its_arguments_to_the_recipe(tmp_path, monkeypatch, capsys):
+    """`venus-gym sft ...` is the recipe's own parser under the command's name."""
+    from trainers.cli import main as venus_gym_main
+
+    config = write_config(tmp_path / "a.yaml", {}, {"output_dir": str(tmp_path / "a")})
+    with pytest.raises(SystemExit):
+        venus_gym_main(["sft", "--config", str(config), str(config), "--eval-checkpoint", "c"])
+    err = capsys.readouterr().err
+    assert err.startswith("usage: venus-gym sft") and "give them one --config" in err
+    seen = []
+    monkeypatch.setattr(recipe, "evaluate_checkpoint",
+                        lambda config, checkpoint: seen.append(
+                            (config.eval.num_tasks, checkpoint)) or {"step": 7})
+    assert venus_gym_main(["sft", "--config", str(config), "--eval-checkpoint", "ck",
+                           "--eval-tasks", "3"]) == 0
+    assert seen == [(3, "ck")] and "RESULT step=7" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        venus_gym_main(["sft"])  # --config is required: no default in the library
+    assert "--config" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
 
 
 def test_eval_world_seed_flag_reaches_only_the_evaluation(tmp_path, monkeypatch):
     config_path = write_config(tmp_path / "a.yaml", {}, {"output_dir": str(tmp_path / "a")})
-    example = load_example()
     seen = []
-    monkeypatch.setattr(example, "evaluate_checkpoint",
+    monkeypatch.setattr(recipe, "evaluate_checkpoint",
                         lambda config, checkpoint: seen.append(
                             (config.eval_env_kwargs()["world_seed"],
                              config.env_kwargs()["world_seed"], checkpoint)) or {})
-    monkeypatch.setattr(sys, "argv", ["sft_tiny.py", "--config", str(config_path),
-                                      "--eval-checkpoint", "ck", "--eval-world-seed", "45"])
-    example.main()
+    recipe.main(["--config", str(config_path), "--eval-checkpoint", "ck",
+                 "--eval-world-seed", "45"])
     assert seen == [(45, 0, "ck")]
 
 
-def test_sampled_evaluation_pools_seeds_and_reports_each(tmp_path):
+def test_sampled_evaluation_pools_seeds_and_reports_each(tmp_path, monkeypatch):
     """eval.seeds: each seed plays every task with its own sampling stream; the result pools
     all episodes and names each seed's rates."""
     from trainers.sft.config import load_config
@@ -95,9 +103,8 @@ def test_sampled_evaluation_pools_seeds_and_reports_each(tmp_path):
     tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
     chat = build_chat(tokenizer)
     model = build_model(config.model, tokenizer)
-    example = load_example()
     played, evaluations = [], []
-    original = example.evaluate_policy
+    original = recipe.evaluate_policy
 
     def spy(policy, env_kwargs, num_tasks, max_retries):
         assert max_retries == 1  # eval.retries reaches the evaluation
@@ -107,8 +114,8 @@ def test_sampled_evaluation_pools_seeds_and_reports_each(tmp_path):
         evaluations.append(evaluation)
         return evaluation
 
-    example.evaluate_policy = spy
-    results = example.evaluate_model(config, model, chat)
+    monkeypatch.setattr(recipe, "evaluate_policy", spy)
+    results = recipe.evaluate_model(config, model, chat)
     assert results["episodes"] == 4  # 2 tasks x 2 seeds
     assert set(results) >= {"format_valid_rate_seed3", "format_valid_rate_seed4",
                             "accuracy_seed3", "accuracy_seed4"}
@@ -123,7 +130,7 @@ def test_sampled_evaluation_pools_seeds_and_reports_each(tmp_path):
     assert results["retried_turn_rate"] == pytest.approx(discarded / (len(turns) + discarded))
 
 
-def test_greedy_evaluation_refuses_several_seeds(tmp_path, monkeypatch, capsys):
+def test_greedy_evaluation_refuses_several_seeds(tmp_path, capsys):
     from trainers.sft.config import EvalConfig, from_dict
 
     with pytest.raises(ValueError, match="greedy decoding plays the same episodes"):
@@ -146,9 +153,8 @@ def test_greedy_evaluation_refuses_several_seeds(tmp_path, monkeypatch, capsys):
     config = write_config(tmp_path / "a.yaml", {}, {"output_dir": str(tmp_path / "a")})
     for flags, message in ((["--eval-seeds", "0", "1"], "greedy decoding plays the same episodes"),
                            (["--eval-retries", "3"], "a greedy retry generates the same turn")):
-        monkeypatch.setattr(sys, "argv", ["sft_tiny.py", "--config", str(config), *flags])
         with pytest.raises(SystemExit):
-            load_example().main()
+            recipe.main(["--config", str(config), *flags])
         assert message in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
 
@@ -169,29 +175,27 @@ def test_eval_checkpoint_takes_a_saved_model_directory(tmp_path, monkeypatch):
         for parameter in saved.parameters():
             parameter.add_(1.0)
     saved.save_pretrained(tmp_path / "final")
-    example = load_example()
     seen = {}
-    monkeypatch.setattr(example, "evaluate_model",
+    monkeypatch.setattr(recipe, "evaluate_model",
                         lambda config, model, chat: seen.update(model.state_dict()) or {})
-    assert example.evaluate_checkpoint(config, str(tmp_path / "final")) == {"step": "final"}
+    assert recipe.evaluate_checkpoint(config, str(tmp_path / "final")) == {"step": "final"}
     for name, value in saved.state_dict().items():
         assert torch.equal(seen[name], value), name
     with pytest.raises(FileNotFoundError, match="neither a training checkpoint"):
-        example.evaluate_checkpoint(config, str(tmp_path))
+        recipe.evaluate_checkpoint(config, str(tmp_path))
     config.model.grow_layers_after = (0,)  # the saved 1-layer model does not fit a grown one
     with pytest.raises(ValueError, match=r"do not fit the model the config builds .*"
                                          r"grow_layers_after \[0\]"):
-        example.evaluate_checkpoint(config, str(tmp_path / "final"))
+        recipe.evaluate_checkpoint(config, str(tmp_path / "final"))
 
 
 def test_a_missed_warmup_target_ends_the_run_before_any_data_with_the_advice(
-        tmp_path, monkeypatch, capsys):
+        tmp_path, capsys):
     config = write_config(tmp_path / "a.yaml", {}, {
         "output_dir": str(tmp_path / "a"), "induction_warmup_steps": 12,
         "induction_warmup_batch_size": 2, "induction_warmup_target_loss": 0.01})
-    monkeypatch.setattr(sys, "argv", ["sft_tiny.py", "--config", str(config)])
     with pytest.raises(SystemExit) as stopped:
-        load_example().main()
+        recipe.main(["--config", str(config)])
     message = str(stopped.value.code)
     assert message.startswith(f"{config}: the induction warm-up did not teach the model")
     assert "train.induction_warmup_steps" in message

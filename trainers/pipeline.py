@@ -22,10 +22,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-_CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
+# The default configs ship inside the package (setup.cfg package_data), so an installed
+# `venus-gym demo` finds them without a source checkout.
+_CONFIGS = files("trainers") / "configs"
 DEFAULT_SFT_CONFIG = str(_CONFIGS / "demo_sft.yaml")
 DEFAULT_RL_CONFIG = str(_CONFIGS / "demo_igpo.yaml")
 
@@ -142,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for path in (args.sft_config, args.rl_config):
         if not Path(path).is_file():
-            parser.error(f"config file {path!r} not found (the defaults live in the "
-                         f"repository's examples/configs; with a non-editable install pass "
-                         f"--sft-config / --rl-config)")
+            parser.error(f"config file {path!r} not found (the defaults are "
+                         f"{DEFAULT_SFT_CONFIG} and {DEFAULT_RL_CONFIG}, shipped with the "
+                         f"package)")
     run_pipeline(load_config(args.sft_config), load_rl_config(args.rl_config), args.output)
     return 0

@@ -39,6 +39,7 @@ import torch
 from tqdm import tqdm
 from transformers import Cache
 
+import envs  # noqa: F401  (registers DeepResearch-v0, which evaluate_policy makes)
 from trainers.models import kv_cache_argument, returned_kv_cache
 from trainers.tokenization import ChatTokenizer, ConversationBuilder
 from trainers.trajectory import Trajectory, Turn, check_invariants

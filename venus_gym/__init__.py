@@ -1,11 +1,9 @@
-"""venus-gym: environments and trainers for small deep-research agents.
+"""venus-gym: the environment-independent core for small deep-research agents.
 
-Importing the package registers the Gymnasium ids in `venus_gym.registration.ENV_SPECS`
-(DeepResearch-v0, DeepResearch-HotpotQA-v0).
+The turn protocol (`venus_gym.protocol`), answer scoring (`venus_gym.scoring`), the corpus
+and tools (`venus_gym.corpus`, `venus_gym.tools`) and the worlds (`venus_gym.worlds`).
+This package imports neither `envs` (the Gymnasium environments, which register
+themselves on `import envs`) nor `trainers`; tests/test_layering.py checks it.
 """
 
-from venus_gym.registration import register_envs
-
 __version__ = "0.1.0"
-
-register_envs()

@@ -49,7 +49,7 @@ from typing import Any
 import gymnasium as gym
 from tqdm import tqdm
 
-import venus_gym  # noqa: F401  (registers DeepResearch-v0)
+import envs  # noqa: F401  (registers the environments)
 from trainers.tokenization import ChatTokenizer
 from trainers.trajectory import Trajectory, Turn, check_invariants
 from venus_gym.protocol import parse_turn

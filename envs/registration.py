@@ -1,7 +1,8 @@
 """Environment ids this package registers with Gymnasium (registration is data).
 
-`import venus_gym` registers them; `gym.make("venus_gym:DeepResearch-v0")` imports the
-package for you.
+`import envs` registers them; `gym.make("envs:DeepResearch-v0")` imports the package for
+you. Registration lives here, next to the environment it points at, rather than in
+venus_gym: venus_gym (protocol, tools, worlds) must not depend on envs.
 """
 
 from __future__ import annotations

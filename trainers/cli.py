@@ -2,12 +2,18 @@
 
     venus-gym demo                 # the main job: world -> oracle SFT data -> SFT -> IGPO ->
                                    #   held-out evaluation -> report (needs .[train])
+    venus-gym sft --config FILE... # the SFT recipe: tokenizer, oracle data, masked SFT,
+                                   #   held-out evaluation (venus-gym sft --help; .[train])
     venus-gym rl --config FILE     # one RL run (IGPO, GRPO, RLOO, ...) from a YAML config
     venus-gym oracle               # oracle agent on a fresh embedded world: episodes + score
     venus-gym world build OUT      # generate a world and save it as JSONL (corpus, tasks)
     venus-gym world info PATH      # counts and hop histogram of a saved world or QA JSONL
     venus-gym env-help             # every DeepResearch-v0 argument with its help text
     venus-gym data ...             # SFT data pipeline (venus-gym data --help; needs .[train])
+
+The command lives in trainers, the one package allowed to import all three (venus_gym,
+envs, trainers). Each subcommand imports what it needs when it runs, so `oracle`, `world`
+and `env-help` work without the training extras and never load torch.
 """
 
 from __future__ import annotations
@@ -77,7 +83,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
 def cmd_oracle(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
-    import venus_gym  # noqa: F401  (registers the environments)
+    import envs  # noqa: F401  (registers the environments)
 
     t0 = time.perf_counter()
     env = gym.make("DeepResearch-v0", world_size=args.world_size, world_seed=args.seed)
@@ -143,16 +149,30 @@ def cmd_env_help(args: argparse.Namespace) -> int:
     return 0
 
 
+def _needs_train_extras(command: str, error: ImportError) -> int:
+    print(f"venus-gym {command} needs the training extras, which are not installed "
+          f"({error}).\nInstall them with: pip install -e .[train]", file=sys.stderr)
+    return 2
+
+
 def cmd_data(data_argv: list[str]) -> int:
-    """Hand `venus-gym data ...` to trainers.data.cli, imported only now: venus_gym must not
-    depend on trainers (DESIGN.md section 1), and trainers needs the training extras."""
+    """Hand `venus-gym data ...` to trainers.data.cli, imported only now: it needs the
+    training extras, which `oracle` and `world` do not."""
     try:
         from trainers.data.cli import main as data_main
     except ImportError as e:
-        print(f"venus-gym data needs the training extras, which are not installed ({e}).\n"
-              "Install them with: pip install -e .[train]", file=sys.stderr)
-        return 2
+        return _needs_train_extras("data", e)
     return data_main(data_argv)
+
+
+def cmd_sft(sft_argv: list[str]) -> int:
+    """Hand `venus-gym sft ...` to the SFT recipe (trainers.sft.recipe), imported only now:
+    it loads torch and transformers."""
+    try:
+        from trainers.sft.recipe import main as sft_main
+    except ImportError as e:
+        return _needs_train_extras("sft", e)
+    return sft_main(sft_argv, prog="venus-gym sft")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,6 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--rl-config", default=DEFAULT_RL_CONFIG, help="RL stage YAML")
     m.add_argument("--output", default="runs/demo", help="where every artefact goes")
     m.set_defaults(func=cmd_demo)
+
+    # Listed for `venus-gym --help` only, like `data` below: main() hands everything after
+    # "sft" to the recipe's own parser (trainers.sft.recipe), which owns the options.
+    sft = sub.add_parser("sft", help="the SFT recipe on one or more configs run in order: "
+                                     "tokenizer, oracle data, masked SFT, held-out "
+                                     "evaluation, RESULT lines (venus-gym sft --help)",
+                         add_help=False)
+    sft.set_defaults(func=lambda args: cmd_sft(["--help"]))
 
     r = sub.add_parser("rl", help="one RL run from a YAML config (docs/rl.md)")
     r.add_argument("--config", required=True, help="RL config YAML (trainers.rl.config)")
@@ -216,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "data":
         return cmd_data(argv[1:])
+    if argv and argv[0] == "sft":
+        return cmd_sft(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 
