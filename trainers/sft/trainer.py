@@ -19,8 +19,9 @@ Where we deviate from DR-Venus and why
 * No separate learning-rate floor or batch-size schedule; warm-up + cosine as in the paper.
 * bf16 is autocast (fp32 master weights, fp32 loss), not a bf16 model: safer for the tiny
   models trained from scratch here, and the same code path on CPU and GPU.
-* Gradients are all-reduced by hand (one flattened buffer per step) rather than through
-  DDP, so accumulation needs no no_sync() and the reduction point is explicit.
+* Gradients are all-reduced by hand (one flattened buffer per step,
+  trainers.distributed.all_reduce_gradients, shared with the RL learners) rather than
+  through DDP, so accumulation needs no no_sync() and the reduction point is explicit.
 """
 
 from __future__ import annotations
