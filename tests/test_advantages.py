@@ -190,7 +190,8 @@ def test_format_failure_on_final_turn_replaces_the_outcome():
 
 def test_token_broadcast_reaches_policy_tokens_only():
     batch = _two_rollout_group()
-    tokens = make_algorithm("igpo").advantages(batch).tokens
+    algorithm = make_algorithm("igpo")
+    tokens = algorithm.advantages(batch, algorithm.turn_rewards(batch)).tokens
     assert tokens.shape == batch.input_ids.shape
     assert (tokens[~batch.loss_mask] == 0).all()  # question, headers and tool replies
     turn_adv, _ = igpo_turn_advantages(turn_rewards(batch, RewardConfig()), batch.group_ids)
@@ -203,8 +204,9 @@ def test_token_broadcast_reaches_policy_tokens_only():
 
 def test_igpo_algorithm_uses_its_config():
     batch = _two_rollout_group()
-    default = make_algorithm("igpo").advantages(batch).tokens
-    undiscounted = make_algorithm("igpo", IGPOConfig(gamma=0.0)).advantages(batch).tokens
+    rewards = turn_rewards(batch, RewardConfig())
+    default = make_algorithm("igpo").advantages(batch, rewards).tokens
+    undiscounted = make_algorithm("igpo", IGPOConfig(gamma=0.0)).advantages(batch, rewards).tokens
     assert not torch.allclose(default, undiscounted)
 
 

@@ -10,6 +10,7 @@ from trainers.rewards import (
     RewardConfig,
     TurnRole,
     ig_reference_slots,
+    outcome_rewards,
     probe_slots,
     turn_reward_metrics,
     turn_rewards,
@@ -102,3 +103,19 @@ def test_metrics_per_turn_kind():
     assert metrics["ig/visit_std"] == pytest.approx(0.5)
     assert metrics["ig/visit_count"] == 2.0
     assert "ig/search_mean" not in metrics
+
+
+def test_outcome_rewards_put_the_raw_outcome_on_the_last_turn_only():
+    """The outcome-only algorithms' rewards: no IG, no format penalty (even on a malformed
+    final turn), every earlier turn a carrier; `outcome` reads the OUTCOME turn back."""
+    batch = collate([synthetic_record([("search",), ("search",), ("answer", 3, 0, False)],
+                                      group_id=0, outcome=0.7),
+                     synthetic_record([("answer",)], group_id=0, outcome=1.0)])
+    rewards = outcome_rewards(batch)
+    assert rewards.role.tolist() == [[C, C, OUT], [OUT, -1, -1]]
+    assert torch.equal(rewards.reward, torch.tensor([[0, 0, 0.7], [1.0, 0, 0]]))
+    assert torch.equal(rewards.outcome, batch.outcome)
+    assert torch.isnan(rewards.information_gain).all()
+    # IGPO's rewards of the same batch (no browse turn, so no IG): the malformed final
+    # turn gets the penalty instead.
+    assert turn_rewards(batch, RewardConfig()).outcome.tolist() == [-1.0, 1.0]

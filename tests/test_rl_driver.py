@@ -20,8 +20,9 @@ import yaml
 
 from trainers.data.oracle_data import world_texts
 from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
+from trainers.rl.checkpoint import latest_rl_checkpoint
 from trainers.rl.config import RLConfig, load_rl_config
-from trainers.rl.driver import latest_rl_checkpoint, step_jobs, train
+from trainers.rl.driver import step_jobs, train
 from trainers.rl.metrics import read_metrics
 from trainers.trajectory import check_invariants
 
@@ -150,12 +151,11 @@ def test_ray_two_learners_shared_search_and_a_killed_rollout_worker(tmp_path, po
     config.env.shared_search = True
     killed = []
 
-    def kill_a_busy_worker(result, workers):
+    def kill_a_busy_worker(result, rollouts):
         # Right after the first group finished, the other worker is still rolling out its
         # own group (not pinged: a ping would wait for that rollout to end).
         if not killed:
-            victim = next(w for w in workers.rollout_workers
-                          if workers.worker_names[w] != result.worker)
+            victim = next(w for w in rollouts.workers if rollouts.names[w] != result.worker)
             ray.kill(victim)
             killed.append(victim)
 

@@ -1,24 +1,30 @@
-"""Algorithm registry: small objects with `advantages(batch)` and `loss(batch, logprobs)`.
+"""Algorithm registry: small objects with `turn_rewards`, `advantages` and `loss`.
 
-The trainer loop only knows this interface:
+The RL step (trainers.rl.driver) only knows this interface:
 
     algorithm = make_algorithm("igpo")                   # or "grpo", "rloo", your own
     if algorithm.needs_probe_scores:                     # IGPO: the fused probe pass
         slots = algorithm.probe_slots(batch)
         batch = score_batch(model, batch, probes, slots) # boundary_scores + old_logprobs
-    advantages, metrics = algorithm.advantages(batch)    # [B, L] float32
+    rewards = algorithm.turn_rewards(batch)              # TurnRewards [B, T], pure
+    advantages, metrics = algorithm.advantages(batch, rewards)  # [B, L] float32, pure
     batch = batch.replace(advantages=advantages)
     loss, metrics = algorithm.loss(batch, logprobs)      # logprobs [B, L] with grad
+
+Rewards and advantages run once per step on the whole batch (group statistics need every
+rollout of a group); the loss runs per micro-batch and needs only the batch's advantages
+and log-probs.
 
 Adding an algorithm is one file (docs/algorithms.md):
 
     @register_algorithm("my_algo")
     class MyAlgorithm(Algorithm):
         config_class = MyConfig                          # a dataclass with a `loss` field
-        def advantages(self, batch): ...                 # -> Advantages(tokens, metrics)
+        def advantages(self, batch, rewards): ...        # -> Advantages(tokens, metrics)
 
-The loss defaults to the PPO/GRPO clipped surrogate of trainers.losses with the config's
-LossConfig; override `loss` for something else.
+`turn_rewards` defaults to the outcome on each trajectory's last turn; the loss defaults to
+the PPO/GRPO clipped surrogate of trainers.losses with the config's LossConfig; override
+either for something else.
 """
 
 from __future__ import annotations
@@ -38,7 +44,14 @@ from trainers.advantages import (
 )
 from trainers.batch import RolloutBatch
 from trainers.losses import LossConfig, ppo_loss
-from trainers.rewards import RewardConfig, probe_slots, turn_reward_metrics, turn_rewards
+from trainers.rewards import (
+    RewardConfig,
+    TurnRewards,
+    outcome_rewards,
+    probe_slots,
+    turn_reward_metrics,
+    turn_rewards,
+)
 
 _REGISTRY: dict[str, type[Algorithm]] = {}
 
@@ -86,7 +99,8 @@ class PolicyGradientConfig:
 
 
 class Algorithm:
-    """Base class. Subclasses set `config_class` and implement `advantages`."""
+    """Base class. Subclasses set `config_class` and implement `advantages`; they may
+    override `turn_rewards` (default: outcome only) and `loss` (default: clipped PPO)."""
 
     name: ClassVar[str] = ""
     config_class: ClassVar[type] = PolicyGradientConfig
@@ -98,32 +112,34 @@ class Algorithm:
             raise TypeError(f"{type(self).__name__} takes a {self.config_class.__name__}, "
                             f"got {type(config).__name__}")
 
-    def advantages(self, batch: RolloutBatch) -> Advantages:
-        raise NotImplementedError
+    def turn_rewards(self, batch: RolloutBatch) -> TurnRewards:
+        """Per-turn rewards, a pure function of the scored batch (outcome, format validity,
+        probe scores). Default: each trajectory's outcome on its last turn."""
+        return outcome_rewards(batch)
 
-    def batch_metrics(self, batch: RolloutBatch) -> dict[str, float]:
-        """Diagnostics of the batch itself, reported with the loss."""
-        return turn_reward_metrics(batch)
+    def advantages(self, batch: RolloutBatch, rewards: TurnRewards) -> Advantages:
+        """[B, L] token advantages and diagnostics from the batch and its turn rewards."""
+        raise NotImplementedError
 
     def loss(self, batch: RolloutBatch, logprobs: torch.Tensor,
              entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """Scalar loss and diagnostics. logprobs / entropy: [B, L] aligned with input_ids."""
         if batch.advantages is None or batch.old_logprobs is None:
             raise ValueError("the batch needs advantages and old_logprobs before the loss: "
-                             "batch.replace(advantages=algorithm.advantages(batch).tokens)")
+                             "batch.replace(advantages=algorithm.advantages(batch, "
+                             "algorithm.turn_rewards(batch)).tokens)")
         if logprobs.shape != batch.input_ids.shape:
             raise ValueError(f"logprobs must be [B, L] = {list(batch.input_ids.shape)}, got "
                              f"{list(logprobs.shape)}")
         loss, metrics = ppo_loss(logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask,
                                  self.config.loss, ref_logprobs=batch.ref_logprobs,
                                  engine_logprobs=batch.engine_logprobs, entropy=entropy)
-        metrics.update(self.batch_metrics(batch))
         return loss, metrics
 
 
 @dataclass
 class IGPOConfig(PolicyGradientConfig):
-    """IGPO with the DR-Venus changes (REFERENCE.md section 4)."""
+    """IGPO with the DR-Venus changes (docs/algorithms.md)."""
 
     reward: RewardConfig = field(default_factory=RewardConfig, metadata={
         "help": "turn reward assignment (IG kind, browse-aware, format penalty)"})
@@ -151,8 +167,11 @@ class IGPO(Algorithm):
         """[B, T+1] bool: the boundaries to probe (trainers.information_gain.score_batch)."""
         return probe_slots(batch, self.config.reward)
 
-    def advantages(self, batch: RolloutBatch) -> Advantages:
-        rewards = turn_rewards(batch, self.config.reward)
+    def turn_rewards(self, batch: RolloutBatch) -> TurnRewards:
+        """Information gain, format penalty and outcome per turn (trainers.rewards)."""
+        return turn_rewards(batch, self.config.reward)
+
+    def advantages(self, batch: RolloutBatch, rewards: TurnRewards) -> Advantages:
         turn_advantages, metrics = igpo_turn_advantages(
             rewards, batch.group_ids, self.config.normalization, self.config.gamma,
             (self.config.ig_scale_min, self.config.ig_scale_max))
@@ -160,19 +179,14 @@ class IGPO(Algorithm):
         tokens = broadcast_turn_advantages(turn_advantages, batch.turn_index, batch.loss_mask)
         return Advantages(tokens, metrics)
 
-    def batch_metrics(self, batch: RolloutBatch) -> dict[str, float]:
-        if batch.boundary_scores is None:
-            return turn_reward_metrics(batch)
-        return turn_reward_metrics(batch, turn_rewards(batch, self.config.reward))
-
 
 @register_algorithm("grpo")
 class GRPO(Algorithm):
     """Outcome only: each trajectory's z-scored outcome on all its policy tokens (the
     paper's baseline)."""
 
-    def advantages(self, batch: RolloutBatch) -> Advantages:
-        per_sequence = grpo_advantages(batch.outcome, batch.group_ids)
+    def advantages(self, batch: RolloutBatch, rewards: TurnRewards) -> Advantages:
+        per_sequence = grpo_advantages(rewards.outcome, batch.group_ids)
         return Advantages(broadcast_sequence_advantages(per_sequence, batch.loss_mask),
                           {"advantage_abs_mean": float(per_sequence.abs().mean())})
 
@@ -182,7 +196,7 @@ class RLOO(Algorithm):
     """REINFORCE leave-one-out: outcome minus the mean outcome of the group's other
     rollouts, unnormalised, on all policy tokens."""
 
-    def advantages(self, batch: RolloutBatch) -> Advantages:
-        per_sequence = rloo_advantages(batch.outcome, batch.group_ids)
+    def advantages(self, batch: RolloutBatch, rewards: TurnRewards) -> Advantages:
+        per_sequence = rloo_advantages(rewards.outcome, batch.group_ids)
         return Advantages(broadcast_sequence_advantages(per_sequence, batch.loss_mask),
                           {"advantage_abs_mean": float(per_sequence.abs().mean())})

@@ -1,6 +1,9 @@
-"""Turn rewards for IGPO: information gain, browse-aware assignment, format penalty, outcome.
+"""Turn rewards: information gain, browse-aware assignment, format penalty, outcome.
 
-Pure functions of a RolloutBatch (REFERENCE.md section 4). Every turn gets one role:
+Pure functions of a scored RolloutBatch (outcome, per-turn format validity, probe scores):
+the RL step's reward stage, between scoring and advantages (`Algorithm.turn_rewards`).
+`turn_rewards` is IGPO's; `outcome_rewards` (outcome on the last turn only) is the
+outcome-only algorithms'. Every turn gets one role:
 
     OUTCOME      the trajectory's last turn. Reward: the outcome score, or -format_penalty
                  if that turn is malformed. (A trajectory cut off by a limit also ends in
@@ -87,6 +90,11 @@ class TurnRewards:
     role: torch.Tensor
     information_gain: torch.Tensor
 
+    @property
+    def outcome(self) -> torch.Tensor:
+        """[B] float32: the reward of each trajectory's OUTCOME turn (exactly one per row)."""
+        return (self.reward.float() * (self.role == TurnRole.OUTCOME)).sum(1)
+
 
 def ig_turn_mask(batch: RolloutBatch, config: RewardConfig) -> torch.Tensor:
     """[B, T] bool: turns whose reward is information gain."""
@@ -165,6 +173,19 @@ def turn_rewards(batch: RolloutBatch, config: RewardConfig) -> TurnRewards:
     role[last] = int(TurnRole.OUTCOME)
     return TurnRewards(reward=torch.where(valid, reward, torch.zeros_like(reward)), role=role,
                        information_gain=information_gain)
+
+
+def outcome_rewards(batch: RolloutBatch) -> TurnRewards:
+    """Outcome only (GRPO, RLOO): the outcome score on each trajectory's last turn, as it
+    is (no format penalty), and no reward on the other turns, which are carriers."""
+    last = batch.is_last_turn
+    reward = torch.where(last, batch.outcome[:, None].float(),
+                         torch.zeros(batch.turn_kind.shape, device=batch.turn_kind.device))
+    role = torch.full_like(batch.turn_kind, PAD_TURN)
+    role[batch.turn_valid] = int(TurnRole.CARRIER)
+    role[last] = int(TurnRole.OUTCOME)
+    return TurnRewards(reward=reward, role=role,
+                       information_gain=torch.full_like(reward, float("nan")))
 
 
 def turn_reward_metrics(batch: RolloutBatch, rewards: TurnRewards | None = None) -> dict[str, float]:

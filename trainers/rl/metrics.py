@@ -104,6 +104,19 @@ def trajectory_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     }
 
 
+def rollout_drift(batch: Any) -> dict[str, float]:
+    """|engine log-prob - learner log-prob| on the policy tokens of a scored RolloutBatch:
+    ~0 when the engine runs the learner's current weights (a failed weight sync or a
+    numerics mismatch shows up here); {} without engine log-probs."""
+    if batch.engine_logprobs is None or batch.old_logprobs is None:
+        return {}
+    diff = (batch.engine_logprobs - batch.old_logprobs).abs()[batch.loss_mask]
+    if not len(diff):
+        return {}
+    return {"rollout_logprob_diff_mean": float(diff.mean()),
+            "rollout_logprob_diff_max": float(diff.max())}
+
+
 def _outcome(trajectory: Trajectory) -> float:
     return 0.0 if trajectory.outcome is None else float(trajectory.outcome)
 

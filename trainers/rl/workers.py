@@ -1,20 +1,25 @@
-"""The worker verbs of the RL driver: rollout workers, learners and the shared search service.
+"""The workers of the RL step: rollout workers, learners and the shared search service.
 
-Each class is plain Python; the driver runs it in-process or wraps it with `ray.remote`
-(trainers.rl.driver). Nothing here imports Ray except `SearchService.url`'s node address.
+Each class is plain Python; trainers.rl.worker_group runs it in this process or as a Ray
+actor, and the driver (trainers.rl.driver) calls these verbs on the groups:
 
     RolloutWorker.rollout(job)        -> RolloutResult  (G trajectories of one query)
     RolloutWorker.set_weights(state)                    (new policy weights into the engine)
-    Learner.score(batch, answers)     -> old / ref log-probs and IG probe scores of its rows
+    Learner.logprobs_and_probe_scores(batch, answers)
+                                      -> old / ref log-probs and IG probe scores of its rows
     Learner.update(batch, totals)     -> metrics        (one optimizer step, grads all-reduced)
     Learner.weights() / save(path) / load(path)
+
+`deal_rows`, `merge_scores` and `merge_update_metrics` split a batch over the learners and
+put their answers back together. Nothing here imports Ray except the node address helpers.
 
 Learners are data parallel with torch.distributed (gloo on CPU, NCCL on GPU): every learner
 gets every world_size-th trajectory of a mini-batch, scales its loss by its share of the
 global loss units (tokens for token-mean, trajectories for seq-mean) and sums gradients, so
 W learners compute exactly the one-learner update (tests/test_rl_driver.py checks it).
 Two strategies (`learner.strategy`):
-* "ddp": every learner holds the whole model and optimizer; gradients are all-reduced.
+* "ddp": every learner holds the whole model and optimizer; gradients are all-reduced
+  (trainers.distributed.all_reduce_gradients, shared with SFT).
 * "fsdp": torch FSDP2 (`fully_shard` per decoder layer, then the root): parameters,
   gradients and AdamW state are sharded over the learners, gradients reduce-scattered.
   Each learner also keeps an unsharded, gradient-free copy of the weights (refreshed after
@@ -47,6 +52,7 @@ import torch.distributed as dist
 import transformers
 
 from trainers.batch import RolloutBatch
+from trainers.distributed import all_reduce_gradients
 from trainers.information_gain import score_batch
 from trainers.models import BOOLEAN_LOGITS_TO_KEEP
 from trainers.probes import build_probe_template, build_probes, encode_text
@@ -161,6 +167,9 @@ class RolloutWorker:
     def ping(self) -> str:
         return self.name
 
+    def close(self) -> None:
+        self.group_env.close()
+
 
 def policy_token_logprobs(model: Any, batch: RolloutBatch, device: torch.device
                           ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,7 +233,6 @@ class SearchService:
 
 
 EXTREME_METRICS = ("ratio_min", "ratio_max")
-BATCH_METRIC_KEYS = ("format_error_rate", "format_error_rate_final")
 
 
 def policy_rows(batch: RolloutBatch) -> int:
@@ -345,7 +353,8 @@ class Learner:
         if self.strategy == "fsdp":
             self._shard()
 
-    def score(self, batch: RolloutBatch, answers: list[list[str]]) -> dict[str, torch.Tensor]:
+    def logprobs_and_probe_scores(self, batch: RolloutBatch, answers: list[list[str]]
+                                  ) -> dict[str, torch.Tensor]:
         """old_logprobs, ref_logprobs (if KL) and boundary_scores (if the algorithm probes)
         for every row of `batch` (the driver gives each learner a slice of rows)."""
         out: dict[str, torch.Tensor] = {}
@@ -396,15 +405,15 @@ class Learner:
             (loss * scale).backward()
             # Loss diagnostics are weighted by this micro-batch's share of the global loss
             # units (the driver sums over learners: the batch-weighted mean); extremes are
-            # merged as extremes. Batch statistics (format errors, IG) come from the driver.
+            # merged as extremes.
             for key, value in micro_metrics.items():
                 if key in EXTREME_METRICS:
                     pick = min if key.endswith("_min") else max
                     metrics[key] = pick(metrics.get(key, float(value)), float(value))
-                elif key not in BATCH_METRIC_KEYS and not key.startswith("ig/"):
+                else:
                     metrics[key] = metrics.get(key, 0.0) + float(value) * share
         if self.world_size > 1 and self.strategy == "ddp":
-            self._all_reduce_gradients()
+            all_reduce_gradients(self.model.parameters())
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.grad_clip if self.grad_clip > 0 else float("inf"))
         if hasattr(grad_norm, "full_tensor"):  # fsdp: a DTensor of the global norm
@@ -529,15 +538,39 @@ class Learner:
             logits = self.model(input_ids=ids, use_cache=False).logits
             (logits.float().sum() * 0.0).backward()
 
-    def _all_reduce_gradients(self) -> None:
-        # A learner with no rows in this mini-batch still joins the all-reduce with zeros.
-        for parameter in self.model.parameters():
-            if parameter.requires_grad and parameter.grad is None:
-                parameter.grad = torch.zeros_like(parameter)
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for grad in grads:
-            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
+
+# --- one batch over the learners --------------------------------------------------------
+def deal_rows(batch_size: int, world_size: int) -> list[list[int]]:
+    """Learner r gets rows r, r + W, r + 2W, ..."""
+    return [list(range(r, batch_size, world_size)) for r in range(world_size)]
+
+
+def merge_scores(batch: RolloutBatch, shards: list[list[int]],
+                 outputs: list[dict[str, torch.Tensor] | None]) -> RolloutBatch:
+    """The batch with every learner's scores (Learner.logprobs_and_probe_scores of its
+    `shards` rows; None for a learner without rows) in place; unscored boundaries are NaN."""
+    scored = [(rows, output) for rows, output in zip(shards, outputs) if output is not None]
+    changes = {}
+    for name in scored[0][1]:
+        width = batch.input_ids.shape[1] if name != "boundary_scores" else \
+            batch.turn_end.shape[1] + 1
+        fill = float("nan") if name == "boundary_scores" else 0.0
+        merged = torch.full((batch.batch_size, width), fill)
+        for rows, output in scored:
+            merged[rows, :output[name].shape[1]] = output[name]
+        changes[name] = merged
+    return batch.replace(**changes)
+
+
+def merge_update_metrics(outputs: list[dict[str, float]]) -> dict[str, float]:
+    """One optimizer step's metrics from every learner's share: sums (each learner already
+    weighted its share), extremes as extremes."""
+    merged: dict[str, float] = {}
+    for output in outputs:
+        for key, value in output.items():
+            if key in EXTREME_METRICS:
+                pick = min if key.endswith("_min") else max
+                merged[key] = pick(merged.get(key, value), value)
+            else:
+                merged[key] = merged.get(key, 0.0) + value
+    return merged

@@ -19,8 +19,9 @@ Where we deviate from DR-Venus and why
 * No separate learning-rate floor or batch-size schedule; warm-up + cosine as in the paper.
 * bf16 is autocast (fp32 master weights, fp32 loss), not a bf16 model: safer for the tiny
   models trained from scratch here, and the same code path on CPU and GPU.
-* Gradients are all-reduced by hand (one flattened buffer per step) rather than through
-  DDP, so accumulation needs no no_sync() and the reduction point is explicit.
+* Gradients are all-reduced by hand (one flattened buffer per step,
+  trainers.distributed.all_reduce_gradients, shared with the RL learners) rather than
+  through DDP, so accumulation needs no no_sync() and the reduction point is explicit.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from trainers.distributed import all_reduce_gradients
 from trainers.models import BOOLEAN_LOGITS_TO_KEEP
 from trainers.sft.config import DataConfig, TrainConfig
 from trainers.sft.packing import (
@@ -241,7 +243,7 @@ class SFTTrainer:
                 (token_loss_sum / max(1, trained_tokens)).backward()
             loss_sum += token_loss_sum.detach().double().cpu()
         if self.distributed:
-            self._all_reduce_gradients()
+            all_reduce_gradients(self.model.parameters())
             dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
         parameters = [p for p in self.model.parameters() if p.requires_grad]
         if self.cfg.grad_clip > 0:
@@ -262,19 +264,6 @@ class SFTTrainer:
                    "step_time_s": elapsed}
         self.history.append(metrics)
         return metrics
-
-    def _all_reduce_gradients(self) -> None:
-        parameters = [p for p in self.model.parameters() if p.requires_grad]
-        for parameter in parameters:
-            if parameter.grad is None:  # a worker with no rows this step still joins
-                parameter.grad = torch.zeros_like(parameter)
-        flat = torch.cat([p.grad.reshape(-1) for p in parameters])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for parameter in parameters:
-            n = parameter.numel()
-            parameter.grad.copy_(flat[offset:offset + n].view_as(parameter.grad))
-            offset += n
 
     def _broadcast_parameters(self) -> None:
         # Replicas start identical whatever each worker's initialisation did.

@@ -1,0 +1,117 @@
+"""Worker groups (trainers.rl.worker_group) without Ray: verbs on every worker, per-worker
+arguments, and the fault handling of `map` / `call_sticky` driven by a backend whose
+workers can die (tests/test_rl_driver.py kills a real Ray actor)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainers.rl.worker_group import InProcess, WorkerGroup, WorkerSpec
+
+
+class Died(Exception):
+    """Stands for a dead worker (Ray's actor error)."""
+
+
+class MortalBackend(InProcess):
+    dead_errors = (Died,)
+    start_errors = (Died,)
+
+
+class Worker:
+    started = 0
+
+    def __init__(self, doomed: list[int]):
+        Worker.started += 1
+        self.number = Worker.started
+        self.doomed = doomed  # the numbers of workers that die on their next call
+        self.weights = None
+        self.log: list[int] = []
+
+    def ping(self) -> str:
+        return f"w{self.number}"
+
+    def set_weights(self, weights: str) -> None:
+        self._maybe_die()
+        self.weights = weights
+
+    def square(self, item: int) -> tuple[int, str, str | None]:
+        self._maybe_die()
+        self.log.append(item)
+        return item * item, self.ping(), self.weights
+
+    def add(self, a: int, b: int) -> int:
+        return a + b
+
+    def _maybe_die(self) -> None:
+        if self.number in self.doomed:
+            self.doomed.remove(self.number)
+            raise Died(f"worker {self.number}")
+
+
+def group_of(size: int, doomed: list[int], max_restarts: int) -> WorkerGroup:
+    Worker.started = 0
+    return WorkerGroup(MortalBackend(), [WorkerSpec(Worker, (doomed,))] * size,
+                       max_restarts=max_restarts, role="square worker",
+                       restarts_field="squares.max_restarts")
+
+
+def test_calls_reach_every_worker_with_shared_or_own_arguments():
+    group = group_of(3, [], 0)
+    assert group.names == {w: f"w{i + 1}" for i, w in enumerate(group.workers)}
+    assert group.call("add", 1, 2) == [3, 3, 3]
+    assert group.call_each("add", [(1, 1), None, (3, 3)]) == [2, None, 6]
+    assert group.call_first("ping") == "w1"
+    with pytest.raises(ValueError, match="2 argument lists for 3 workers"):
+        group.call_each("add", [(1, 1), (2, 2)])
+
+
+def test_map_runs_every_item_once_in_item_order():
+    group = group_of(1, [], 0)
+    seen = []
+    results = group.map("square", [3, 1, 2], on_result=lambda result, g: seen.append(result))
+    assert [value for value, _, _ in results] == [9, 1, 4]
+    assert seen == results  # the hook sees each result as it finishes
+    assert group.workers[0].log == [3, 1, 2]
+
+
+def test_a_dead_workers_item_runs_again_on_a_replacement_with_the_current_weights():
+    group = group_of(1, [], max_restarts=1)
+    group.call_sticky("set_weights", "v0")
+    group.workers[0].doomed.append(1)  # worker 1 dies on its first item
+    results = group.map("square", [5, 6])
+    assert [value for value, _, _ in results] == [25, 36]  # nothing lost, nothing twice
+    assert {name for _, name, _ in results} == {"w2"}  # the replacement ran them
+    assert {weights for _, _, weights in results} == {"v0"}  # after the sticky call
+    assert (group.restarts, group.retried) == (1, 1)
+    assert list(group.names.values()) == ["w2"]
+
+
+def test_a_worker_dying_during_a_sticky_call_is_replaced_and_gets_the_call():
+    group = group_of(2, [], max_restarts=2)
+    group.workers[1].doomed.append(2)
+    group.call_sticky("set_weights", "v1")
+    assert [w.weights for w in group.workers] == ["v1", "v1"]
+    assert group.names[group.workers[1]] == "w3" and group.restarts == 1
+
+
+def test_no_restarts_left_and_no_worker_alive_fails_naming_the_setting():
+    group = group_of(1, [1], max_restarts=0)
+    with pytest.raises(RuntimeError, match="every square worker died.*squares.max_restarts"):
+        group.map("square", [1])
+
+
+def test_a_replacement_that_fails_to_start_uses_up_a_restart():
+    group = group_of(1, [], max_restarts=2)
+    group.call_sticky("set_weights", "v0")
+    group.workers[0].doomed.extend([1, 2])  # worker 2 (the first replacement) dies at once
+    assert [value for value, _, _ in group.map("square", [4])] == [16]
+    assert group.restarts == 2 and list(group.names.values()) == ["w3"]
+
+
+def test_in_process_errors_are_not_taken_for_dead_workers():
+    Worker.started = 0
+    group = WorkerGroup(InProcess(), [WorkerSpec(Worker, ([1],))], max_restarts=3)
+    with pytest.raises(Died):
+        group.map("square", [1])
+    assert group.restarts == 0

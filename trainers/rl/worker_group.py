@@ -1,0 +1,269 @@
+"""Worker groups: the driver's verbs on N workers, in this process or as Ray actors.
+
+    backend = backend_for(config.run)                  # the one in-process / Ray decision
+    learners = WorkerGroup(backend, [WorkerSpec(Learner, args, kwargs, resources), ...])
+    learners.call("save", path)                        every worker, same arguments
+    learners.call_each("update", [(part0,), (part1,)]) worker i gets its own arguments
+    learners.call_first("weights")
+    rollouts.map("rollout", jobs, on_result)           each job once, on whichever worker is idle
+    rollouts.call_sticky("set_weights", ref, version)  every worker now, every replacement later
+
+A backend starts workers and runs verbs on them as futures. `InProcess` builds the worker
+objects here and runs a verb at once (its future is already done); `RayActors` starts each
+worker as a Ray actor. The groups and the driver are written once against that interface,
+so Ray stays at this edge.
+
+Fault tolerance, written once (`map` and `call_sticky`): a worker that dies (the errors the
+backend names in `dead_errors`: a Ray actor error; in-process, none) is dropped; its item
+goes back to the front of the queue and runs on another worker; a replacement starts while
+`max_restarts` allow. The replacement first replays the sticky calls (the current weights),
+so it runs the same policy; one that fails to start uses up a restart too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class WorkerSpec:
+    """How to start one worker: `cls(*args, **kwargs)` with `resources` (Ray's
+    `ray.remote` options: num_cpus, num_gpus, max_restarts; ignored in-process)."""
+
+    cls: type
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    resources: dict[str, Any] = field(default_factory=dict)
+
+
+class _Done:
+    """An in-process call's future: it ran when submitted."""
+
+    def __init__(self, call: Callable[[], Any]):
+        self.error: BaseException | None = None
+        try:
+            self.value = call()
+        except Exception as error:  # raised again where the caller collects the result
+            self.error = error
+
+    def result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class InProcess:
+    """Workers are objects in this process; a verb runs when it is submitted."""
+
+    dead_errors: tuple[type[BaseException], ...] = ()  # an in-process worker cannot die alone
+    start_errors: tuple[type[BaseException], ...] = ()
+
+    def start(self, spec: WorkerSpec) -> Any:
+        return spec.cls(*spec.args, **spec.kwargs)
+
+    def submit(self, worker: Any, verb: str, *args: Any) -> _Done:
+        return _Done(lambda: getattr(worker, verb)(*args))
+
+    def wait_any(self, futures: Sequence[_Done]) -> _Done:
+        return futures[0]
+
+    def get(self, futures: Sequence[_Done]) -> list[Any]:
+        return [future.result() for future in futures]
+
+    def put(self, value: Any) -> Any:
+        return value
+
+    def stop(self, worker: Any) -> None:
+        close = getattr(worker, "close", None)
+        if close is not None:
+            close()
+
+    def uses_gpu(self, reserved_gpus: float) -> bool:
+        """In-process workers may use this machine's GPU."""
+        return True
+
+
+class RayActors:
+    """Each worker is a Ray actor (a local Ray is started unless one is running or
+    `address` names a cluster)."""
+
+    def __init__(self, address: str = ""):
+        import ray
+        from ray.exceptions import RayActorError, RayError
+
+        if not ray.is_initialized():
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            ray.init(address=address or None, include_dashboard=False,
+                     **({} if address else {"num_cpus": os.cpu_count()}))
+        self._ray = ray
+        # A dead actor (killed, OOM, node lost) raises RayActorError; a replacement that
+        # cannot start may fail with any Ray error.
+        self.dead_errors = (RayActorError,)
+        self.start_errors = (RayError,)
+
+    def start(self, spec: WorkerSpec) -> Any:
+        return self._ray.remote(**spec.resources)(spec.cls).remote(*spec.args, **spec.kwargs)
+
+    def submit(self, worker: Any, verb: str, *args: Any) -> Any:
+        return getattr(worker, verb).remote(*args)
+
+    def wait_any(self, futures: Sequence[Any]) -> Any:
+        ready, _ = self._ray.wait(list(futures), num_returns=1)
+        return ready[0]
+
+    def get(self, futures: Sequence[Any]) -> list[Any]:
+        return self._ray.get(list(futures))
+
+    def put(self, value: Any) -> Any:
+        """Into the object store once, so that N workers do not each get a copy sent."""
+        return self._ray.put(value)
+
+    def stop(self, worker: Any) -> None:
+        self._ray.kill(worker)  # an unreachable (not dead) worker would keep its resources
+
+    def uses_gpu(self, reserved_gpus: float) -> bool:
+        """An actor uses a GPU only when it reserved one (it sees no other)."""
+        return reserved_gpus > 0
+
+
+Backend = InProcess | RayActors
+
+
+def backend_for(run: Any) -> Backend:
+    """In this process, or as Ray actors when the run (a RunConfig) asks for Ray."""
+    return RayActors(run.ray_address) if run.use_ray else InProcess()
+
+
+class WorkerGroup:
+    """Workers started from `specs` on `backend`, called by verb name.
+
+    max_restarts: replacements this group may start for workers that died.
+    role, restarts_field: name the workers and the setting in error messages.
+    `workers` and `names` (worker -> what its `ping` verb answers, for workers that have
+    one) list the live workers; `restarts` and `retried` count replacements and re-run items.
+    """
+
+    def __init__(self, backend: Backend, specs: Sequence[WorkerSpec], max_restarts: int = 0,
+                 role: str = "worker", restarts_field: str = "max_restarts"):
+        self.backend = backend
+        self.max_restarts, self.role, self.restarts_field = max_restarts, role, restarts_field
+        self.restarts = 0
+        self.retried = 0
+        self._sticky: dict[str, tuple[Any, ...]] = {}
+        self.workers = [backend.start(spec) for spec in specs]
+        self._specs = dict(zip(self.workers, specs))
+        self.names: dict[Any, str] = {}
+        pingable = [w for w in self.workers if hasattr(self._specs[w].cls, "ping")]
+        self.names = dict(zip(pingable, self.call_on(pingable, "ping")))
+
+    @property
+    def size(self) -> int:
+        return len(self.workers)
+
+    # --- calls ----------------------------------------------------------------------------
+    def call(self, verb: str, *args: Any) -> list[Any]:
+        """verb(*args) on every worker; results in worker order."""
+        return self.call_on(self.workers, verb, *args)
+
+    def call_on(self, workers: Sequence[Any], verb: str, *args: Any) -> list[Any]:
+        return self.backend.get([self.backend.submit(w, verb, *args) for w in workers])
+
+    def call_first(self, verb: str, *args: Any) -> Any:
+        return self.call_on(self.workers[:1], verb, *args)[0]
+
+    def call_each(self, verb: str, args_per_worker: Sequence[tuple[Any, ...] | None]
+                  ) -> list[Any]:
+        """Worker i runs verb(*args_per_worker[i]); None skips it (its result is None)."""
+        if len(args_per_worker) != self.size:
+            raise ValueError(f"{len(args_per_worker)} argument lists for {self.size} workers")
+        calls = [(i, self.backend.submit(w, verb, *args))
+                 for i, (w, args) in enumerate(zip(self.workers, args_per_worker))
+                 if args is not None]
+        results: list[Any] = [None] * self.size
+        for (i, _), value in zip(calls, self.backend.get([future for _, future in calls])):
+            results[i] = value
+        return results
+
+    def call_sticky(self, verb: str, *args: Any) -> None:
+        """verb(*args) on every worker, remembered: a replacement started later runs it
+        first. A worker that died meanwhile is replaced."""
+        self._sticky[verb] = args
+        for worker, future in [(w, self.backend.submit(w, verb, *args))
+                               for w in list(self.workers)]:
+            try:
+                self.backend.get([future])
+            except self.backend.dead_errors:
+                self._replace(worker)
+
+    def map(self, verb: str, items: Sequence[Any],
+            on_result: Callable[[Any, WorkerGroup], None] | None = None) -> list[Any]:
+        """verb(item) exactly once per item, each on whichever worker is idle; results in
+        item order. on_result(result, group) runs after each finished item."""
+        queue = deque(enumerate(items))
+        results: dict[int, Any] = {}
+        in_flight: dict[Any, tuple[int, Any, Any]] = {}
+        idle = list(self.workers)
+        while queue or in_flight:
+            while queue and idle:
+                worker, (index, item) = idle.pop(0), queue.popleft()
+                in_flight[self.backend.submit(worker, verb, item)] = (index, item, worker)
+            future = self.backend.wait_any(list(in_flight))
+            index, item, worker = in_flight.pop(future)
+            try:
+                result = self.backend.get([future])[0]
+            except self.backend.dead_errors:
+                # The worker died (killed, OOM, node lost): its item runs again elsewhere.
+                self.retried += 1
+                queue.appendleft((index, item))
+                replacement = self._replace(worker)
+                if replacement is not None:
+                    idle.append(replacement)
+                continue
+            if index in results:
+                raise RuntimeError(f"{self.role} item {index} finished twice")
+            results[index] = result
+            idle.append(worker)
+            if on_result:
+                on_result(result, self)
+        return [results[index] for index in range(len(items))]
+
+    def put(self, value: Any) -> Any:
+        """`value` as an argument for many calls (shared, not copied per call, on Ray)."""
+        return self.backend.put(value)
+
+    def shutdown(self) -> None:
+        """Stop every worker (in-process: its `close`; Ray: the actor is killed)."""
+        for worker in self.workers:
+            self.backend.stop(worker)
+
+    # --- faults ---------------------------------------------------------------------------
+    def _replace(self, dead: Any) -> Any:
+        """Drop a dead worker; start a replacement (replaying the sticky calls) while
+        restarts are left. Returns the replacement, or None."""
+        spec = self._specs.pop(dead)
+        self.workers.remove(dead)
+        self.names.pop(dead, None)
+        self.backend.stop(dead)
+        replacement = None
+        while replacement is None and self.restarts < self.max_restarts:
+            self.restarts += 1
+            candidate = self.backend.start(spec)
+            try:
+                for verb, args in self._sticky.items():
+                    self.call_on([candidate], verb, *args)
+                if hasattr(spec.cls, "ping"):
+                    self.names[candidate] = self.call_on([candidate], "ping")[0]
+                replacement = candidate
+            except self.backend.start_errors:
+                self.backend.stop(candidate)
+        if replacement is not None:
+            self.workers.append(replacement)
+            self._specs[replacement] = spec
+        if not self.workers:
+            raise RuntimeError(f"every {self.role} died and no restarts are left "
+                               f"({self.restarts_field})")
+        return replacement
