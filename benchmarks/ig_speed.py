@@ -2,7 +2,7 @@
 
 Both run in the same process on the same random model and trajectory; the script checks
 that they agree and prints one `RESULT ig_speedup_T<K>=<float>` line per boundary count,
-`T128` last. Defaults reproduce docs/benchmarks.md on CPU (DESIGN.md's calibration setup:
+`T128` last. Defaults reproduce docs/benchmarks.md on CPU (the calibration setup of docs/benchmarks.md:
 hidden-128 2-layer Qwen3, 12-token probe, 4,096-token trajectory):
 
     .venv/bin/python benchmarks/ig_speed.py
@@ -39,8 +39,8 @@ from trainers.information_gain import (  # noqa: E402
     fast_probe_scores,
     reference_probe_scores,
 )
+from trainers.models import tiny_causal_lm  # noqa: E402
 from trainers.probes import ProbeTemplate  # noqa: E402
-from trainers.tiny import tiny_causal_lm  # noqa: E402
 
 PRESETS = {
     "tiny": dict(arch="qwen3", vocab_size=1000, hidden_size=128, num_layers=2, num_heads=4,
@@ -121,7 +121,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=4096, help="trajectory length L")
     parser.add_argument("--boundaries", type=int, nargs="+", default=[8, 32, 128])
     parser.add_argument("--probe-tokens", type=int, default=12,
-                        help="probe length; 12 is DESIGN.md's calibration setup, a real Qwen "
+                        help="probe length; 12 is the calibration setup of docs/benchmarks.md, a real Qwen "
                              "probe with a short answer is ~24")
     parser.add_argument("--answer-tokens", type=int, default=3)
     parser.add_argument("--slices", type=int, default=16, help="reference slices (see above)")

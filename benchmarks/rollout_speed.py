@@ -37,6 +37,7 @@ from trainers.engines.hf import DecodeRow, HFEngine
 from trainers.engines.scripted import ForcedHFEngine
 from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
 from trainers.rollout import RolloutStats, SamplingConfig, rollout_group
+from trainers.sampling import raw_logprob
 from trainers.tokenization import ChatTokenizer
 from venus_gym.worlds.oracle import OracleAgent
 
@@ -48,9 +49,9 @@ class ReplayHFEngine(HFEngine):
         super().__init__(model, tokenizer)
         self.targets = targets
 
-    def _choose(self, logits: torch.Tensor, row: DecodeRow, step: int) -> int:
-        target = self.targets[tuple(row.request.prompt_ids)]
-        return target[step]
+    def _choose(self, logits: torch.Tensor, row: DecodeRow, step: int) -> tuple[int, float]:
+        token = self.targets[tuple(row.request.prompt_ids)][step]
+        return token, raw_logprob(logits, token)
 
 
 class RecordingEngine(Engine):

@@ -248,7 +248,7 @@ class DeepResearchEnv(gym.Env[str, str]):
         parsed turn) exactly as `step` would judge it, without taking the step.
 
         For callers that decide what to send, e.g. an inference loop that retries a
-        malformed turn as DR-Venus does (REFERENCE.md section 1).
+        malformed turn as DR-Venus does (design.md "Turn format").
         """
         if not self._reset_called or self._done:
             raise gym.error.ResetNeeded("Call reset before judge_turn: no episode is running")

@@ -2,7 +2,7 @@
 
 `ChatHistory` turns the per-turn text observations into the full chat transcript that a
 chat model consumes: [system, user(question), assistant(turn 1), user(tool reply 1), ...].
-Tool replies go back as *user* messages, as in DR-Venus (REFERENCE.md section 1).
+Tool replies go back as *user* messages, as in DR-Venus (design.md "Turn format").
 """
 
 from __future__ import annotations

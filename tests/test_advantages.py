@@ -1,4 +1,4 @@
-"""Advantages against hand-worked numbers (REFERENCE.md section 4)."""
+"""Advantages against hand-worked numbers (design.md "RL")."""
 
 import math
 

@@ -18,9 +18,9 @@ from trainers.algorithms import (
 from trainers.batch import collate
 from trainers.information_gain import score_batch
 from trainers.losses import LossConfig, token_logprobs_and_entropy
+from trainers.models import tiny_causal_lm
 from trainers.probes import ProbeTemplate
 from trainers.synthetic import synthetic_record
-from trainers.tiny import tiny_causal_lm
 
 
 @pytest.fixture(scope="module", autouse=True)

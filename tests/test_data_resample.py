@@ -20,7 +20,7 @@ def test_default_weights_at_the_bucket_edges():
 
 
 def test_drvenus_published_counts_and_long_share():
-    # REFERENCE.md section 3: 9,365 -> 18,745 instances, >100-turn share 13.29% -> 33.21%.
+    # design.md "SFT": 9,365 -> 18,745 instances, >100-turn share 13.29% -> 33.21%.
     # Solving n1 + n2 + n3 = 9365, n1 + 2 n2 + 5 n3 = 18745, n3 = 13.29% gives 3720/4400/1245.
     turn_counts = [30] * 3720 + [75] * 4400 + [150] * 1245
     assert planned_total(turn_counts, TurnWeights()) == 18745

@@ -73,6 +73,45 @@ def test_logprobs_are_raw_model_logprobs_of_the_sampled_ids(engine, tokenizer):
         assert result.logprobs == pytest.approx(expected, abs=1e-5)
 
 
+def test_the_engine_and_the_single_conversation_policy_sample_alike(engine, tokenizer):
+    """One sampling rule (trainers.sampling): for the same model, prompt, settings and seed,
+    the batched engine and TransformersPolicy pick the same ids with the same raw log-probs,
+    greedy and sampled."""
+    from trainers.policy import TransformersPolicy
+    from trainers.tokenization import ChatTokenizer
+
+    chat = ChatTokenizer(tokenizer)
+    prompt = _prompts(tokenizer)[2]
+    for settings in ({"temperature": 0.0}, {"temperature": 1.3, "top_p": 0.9, "top_k": 20},
+                     {"temperature": 0.7}):
+        policy = TransformersPolicy(engine.model, chat, max_new_tokens=14, seed=5, **settings)
+        turn = policy.generate_turn(prompt)
+        result = engine.generate([GenerationRequest(
+            prompt, max_new_tokens=14, stop_token_ids=[chat.end_of_turn_id],
+            banned_token_ids=policy.banned_ids, seed=5, **settings)])[0]
+        assert turn.token_ids == result.token_ids
+        assert turn.logprobs == pytest.approx(result.logprobs, abs=1e-5)
+        expected = _reference_logprobs(engine.model, prompt, result.token_ids)
+        assert turn.logprobs == pytest.approx(expected, abs=1e-5)  # raw, not tempered
+
+
+def test_sample_token_top_p_drops_a_token_once_the_tokens_before_it_cover_top_p():
+    from trainers.sampling import sample_token
+
+    logits = torch.tensor([2.0, 1.0, 1.0]).log()  # probabilities 0.5, 0.25, 0.25
+
+    def drawn(top_p: float) -> set[int]:
+        generator = torch.Generator().manual_seed(0)
+        return {sample_token(logits, temperature=1.0, top_p=top_p, generator=generator)[0]
+                for _ in range(200)}
+
+    assert drawn(0.5) == {0}  # the mass before token 1 is exactly 0.5: dropped
+    assert drawn(0.75) == {0, 1}  # token 2 has 0.75 before it: dropped
+    assert drawn(0.76) == {0, 1, 2}
+    token, logprob = sample_token(logits, temperature=0.0, banned_ids=[0])
+    assert token == 1 and logprob == pytest.approx(float(torch.tensor(0.25).log()))
+
+
 def test_seeded_sampling_is_reproducible_and_seeds_differ(engine, tokenizer):
     prompt = _prompts(tokenizer)[0]
 

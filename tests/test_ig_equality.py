@@ -19,11 +19,11 @@ from trainers.information_gain import (
     reference_probe_scores,
     score_batch,
 )
+from trainers.models import tiny_causal_lm
 from trainers.packed_attention import BLOCKSPARSE, packed_probe_attention, plan_chunks
 from trainers.probes import ProbeTemplate
 from trainers.rewards import RewardConfig, probe_slots, turn_rewards
 from trainers.synthetic import TurnSpec, synthetic_record
-from trainers.tiny import tiny_causal_lm
 
 VOCAB = 300
 TOLERANCE = 1e-4

@@ -2,6 +2,7 @@
 
 import pytest
 
+from trainers.models import tiny_tokenizer
 from trainers.probes import (
     CHATML_THINKING_GENERATION_PROMPT,
     PROBE_PREFIX_TEXT,
@@ -13,7 +14,6 @@ from trainers.probes import (
     encode_text,
     tokenisation_drift,
 )
-from trainers.tiny import tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

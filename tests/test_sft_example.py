@@ -103,28 +103,30 @@ def test_sampled_evaluation_pools_seeds_and_reports_each(tmp_path, monkeypatch):
     tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
     chat = build_chat(tokenizer)
     model = build_model(config.model, tokenizer)
-    played, evaluations = [], []
-    original = recipe.evaluate_policy
+    evaluations = []
+    original = recipe.evaluate
 
-    def spy(policy, env_kwargs, num_tasks, max_retries):
+    def spy(policy, chat, env_kwargs, num_tasks, seeds, max_retries, progress):
         assert max_retries == 1  # eval.retries reaches the evaluation
-        evaluation = original(policy, env_kwargs, num_tasks=num_tasks, progress=False,
-                              max_retries=max_retries)
-        played.append([t.input_ids for t in evaluation.trajectories])
+        assert tuple(seeds) == (3, 4)
+        evaluation = original(policy, chat, env_kwargs, num_tasks=num_tasks, seeds=seeds,
+                              max_retries=max_retries, progress=False)
         evaluations.append(evaluation)
         return evaluation
 
-    monkeypatch.setattr(recipe, "evaluate_policy", spy)
+    monkeypatch.setattr(recipe, "evaluate", spy)
     results = recipe.evaluate_model(config, model, chat)
+    (evaluation,) = evaluations
+    played = [[t.input_ids for group, s in zip(evaluation.per_task, evaluation.seeds)
+               if s == seed for t in group] for seed in (3, 4)]
     assert results["episodes"] == 4  # 2 tasks x 2 seeds
     assert set(results) >= {"format_valid_rate_seed3", "format_valid_rate_seed4",
                             "accuracy_seed3", "accuracy_seed4"}
     assert len(played) == 2 and played[0] != played[1]  # the seeds sampled differently
-    turns = [turn.valid for run in evaluations for t in run.trajectories for turn in t.turns]
+    turns = [turn.valid for t in evaluation.trajectories for turn in t.turns]
     # An untrained model's 12-token turns are malformed, so each turn was retried once, and
     # every discarded attempt counts as a malformed turn.
-    discarded = sum(len(t.metadata["discarded_turns"]) for run in evaluations
-                    for t in run.trajectories)
+    discarded = sum(len(t.metadata["discarded_turns"]) for t in evaluation.trajectories)
     assert discarded == len(turns)
     assert results["format_valid_rate"] == pytest.approx(sum(turns) / (len(turns) + discarded))
     assert results["retried_turn_rate"] == pytest.approx(discarded / (len(turns) + discarded))

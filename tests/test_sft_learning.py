@@ -9,7 +9,8 @@ import time
 import pytest
 import torch
 
-from trainers.policy import TransformersPolicy, evaluate_policy
+from trainers.evaluation import evaluate
+from trainers.policy import TransformersPolicy
 from trainers.sft.config import SFTExperimentConfig, from_dict
 from trainers.sft.pipeline import build_chat, build_model, build_samples, build_tokenizer
 from trainers.sft.trainer import SFTTrainer
@@ -28,7 +29,7 @@ FIRST_TURN_VALID_THRESHOLD = 0.5
 def first_turn_valid_rate(model, chat, env_kwargs) -> float:
     policy = TransformersPolicy(model, chat, max_new_tokens=160)
     # max_turns=1: the first turn, then the forced-final-answer turn (not counted here).
-    evaluation = evaluate_policy(policy, {**env_kwargs, "max_turns": 1}, num_tasks=EVAL_TASKS)
+    evaluation = evaluate(policy, chat, {**env_kwargs, "max_turns": 1}, num_tasks=EVAL_TASKS)
     return sum(t.turns[0].valid for t in evaluation.trajectories) / len(evaluation.trajectories)
 
 

@@ -306,3 +306,24 @@ def test_a_warmup_target_needs_a_warmup_as_long_as_its_window():
         with pytest.raises(ValueError, match="induction_warmup_steps must be >= 10"):
             TrainConfig(induction_warmup_target_loss=1.0, induction_warmup_steps=steps)
     TrainConfig(induction_warmup_target_loss=1.0, induction_warmup_steps=TARGET_WINDOW)
+
+
+def test_env_sections_are_the_environments_own_settings():
+    """The SFT and RL env sections are envs.config.DeepResearchConfig: every env keyword, the
+    env's help strings and validation, and kwargs() the env accepts."""
+    from envs.config import DeepResearchConfig
+    from trainers.config_utils import field_help, from_dict
+    from trainers.rl.config import EnvSettings
+    from trainers.sft.config import EnvConfig
+
+    env_help = field_help(DeepResearchConfig)
+    for section in (EnvConfig, EnvSettings):
+        assert {k: v for k, v in field_help(section).items() if k in env_help} == env_help
+        kwargs = section().kwargs()
+        assert set(kwargs) == set(env_help)
+        assert DeepResearchConfig.from_kwargs(**kwargs).hops == (1, 2)
+        with pytest.raises(ValueError, match="reward_metric must be 'em' or 'f1'"):
+            from_dict(section, {"reward_metric": "bleu"}, where="env")
+    settings = from_dict(EnvSettings, {"hops": [1], "tool_timeout_s": 5}, where="env")
+    assert settings.kwargs()["hops"] == (1,) and settings.tool_timeout_s == 5.0
+    assert from_dict(EnvSettings, {"tool_timeout_s": None}, where="env").tool_timeout_s is None

@@ -1,4 +1,4 @@
-"""Advantages as pure tensor functions (REFERENCE.md section 4, order: normalise -> scale ->
+"""Advantages as pure tensor functions (design.md "RL", order: normalise -> scale ->
 discount -> broadcast).
 
 Conventions shared by every function here:

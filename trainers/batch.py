@@ -10,7 +10,7 @@ algorithm needs is here as tensors, so advantages and losses are pure functions 
     rewards     boundary_scores (probe scores from trainers.information_gain, optional)
     advantages  advantages (filled in by an algorithm before the loss, optional)
 
-Conventions (the ones peers got wrong, REFERENCE.md section 6, are checked loudly):
+Conventions (the ones peers got wrong, design.md "Pitfalls", are checked loudly):
 - Log-probs are aligned with the token they score: `x_logprobs[b, i] = log pi(input_ids[b, i]
   | input_ids[b, :i])`. Values off the loss mask are ignored (conventionally 0).
 - A turn is one assistant generation. Its policy tokens are the ids the engine generated

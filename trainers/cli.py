@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--steps", type=int, help="override run.steps")
     r.add_argument("--algorithm", help="override algorithm.name (igpo, grpo, rloo, ...); "
                                        "only the config's loss options are kept")
-    r.add_argument("--ray", action="store_true", help="set run.use_ray")
+    r.add_argument("--ray", action="store_true", help="run the rollout workers and learners as Ray actors")
     r.set_defaults(func=cmd_rl)
 
     d = sub.add_parser("oracle", help="run the oracle agent on a fresh embedded world")

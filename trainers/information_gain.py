@@ -1,4 +1,6 @@
-"""Probe scores for information gain, fused with the old-log-prob pass (DESIGN.md section 5).
+"""Probe scores for information gain, fused with the old-log-prob pass.
+
+(docs/design.md, "Information gain in one pass")
 
 For one trajectory (token ids [L]) and K boundaries b_1..b_K, the score of boundary k and
 gold answer g is

@@ -4,7 +4,7 @@ a frozen reference, truncated importance sampling (TIS) against the engine, entr
 All per-token tensors are [B, L], aligned with the token they score (trainers.batch), and
 only positions where `mask` is True (the policy tokens) take part. Non-finite log-probs or
 advantages on those positions raise FloatingPointError: a NaN that silently turns the ratio
-off was one of the peers' worst bugs (REFERENCE.md section 6).
+off was one of the peers' worst bugs (design.md "Pitfalls").
 
     ratio   = exp(logp - old_logp)
     pg      = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high))
@@ -29,7 +29,7 @@ KL_LOG_RATIO_CLAMP = 20.0  # keeps exp() finite when a token's log-ratio is extr
 
 @dataclass
 class LossConfig:
-    """Policy-loss hyperparameters (defaults: REFERENCE.md section 4)."""
+    """Policy-loss hyperparameters (defaults: design.md "RL")."""
 
     clip_ratio: float = field(default=0.2, metadata={"help": "PPO clip epsilon (lower side)"})
     clip_ratio_high: float | None = field(default=None, metadata={

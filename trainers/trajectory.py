@@ -1,7 +1,7 @@
 """The trajectory schema: one episode as text, as token ids, and with per-turn rewards.
 
 A `Trajectory` always has its conversation as chat messages. Where known it also carries
-the token-level view a trainer needs (DESIGN.md section 4, "token in, token out"):
+the token-level view a trainer needs (design.md "Trajectories", "token in, token out"):
 
     input_ids          the exact ids the policy saw and generated (engine ids verbatim,
                        environment replies as chat-template ids), never re-encoded from text
@@ -19,7 +19,7 @@ said about it (kind, format validity, outcome / format / information-gain reward
 
 Where we deviate from DR-Venus / the public code, and why
 * Turns and reward positions are token spans recorded when the ids were built, not found
-  later by searching decoded text for special tokens (REFERENCE.md section 6).
+  later by searching decoded text for special tokens (design.md "Pitfalls").
 * Turn kinds are the environment's four ("search", "visit", "answer", "invalid"; the same
   names as trainers.batch.TurnKind). The forced final-answer turn is not a fifth kind: it is
   an answer (or invalid) turn with `forced_final=True`, so algorithms that only know the

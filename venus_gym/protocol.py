@@ -17,7 +17,7 @@ The environment answers a tool turn with a user message `<tool_response>\\n...\\
 they occur, including inside JSON strings (the writers below escape `<` as `\\u003c` there,
 so what they write always parses back). "Whitespace" means what `str.strip` removes.
 
-Validity rules (REFERENCE.md section 4, "Turn-level format penalty"):
+Validity rules (design.md "RL", "Turn-level format penalty"):
 
 Both kinds of turn
   1. The turn is not empty or whitespace only.

@@ -1,7 +1,7 @@
 """Answer scoring: exact match and token F1 against one or more gold answers.
 
-The conventions are those of the QA benchmarks the recipe reports on (REFERENCE.md
-section 7), so numbers here are comparable with published ones:
+The conventions are those of the QA benchmarks the recipe reports on
+(docs/design.md, "Scoring"), so numbers here are comparable with published ones:
 
 * SQuAD normalisation: lowercase, delete ASCII punctuation (`string.punctuation`), drop
   the articles a/an/the as whole words, collapse runs of whitespace. Non-ASCII

@@ -1,6 +1,6 @@
 """Stages 2 and 3 of the SFT data pipeline: prune disallowed tools, drop duplicate calls.
 
-Prune (turn level, REFERENCE.md section 3): an assistant turn that calls a tool outside
+Prune (turn level, design.md "SFT"): an assistant turn that calls a tool outside
 the kept set (e.g. "python", "google_scholar") is removed together with its response (the
 message right after it, when that is not an assistant message); the rest of the trajectory
 is kept. Turns whose tool call does not parse are not "disallowed calls" and are kept (the

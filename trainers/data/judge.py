@@ -7,7 +7,7 @@ A `Judge` turns (question, prediction, gold answers) into a `Verdict`. Two are p
 * `LLMJudge(base_url, model, ...)`: the BrowseComp grader prompt over any OpenAI-compatible
   `/chat/completions` endpoint (urllib only). The grader answers with
   extracted_final_answer / reasoning / `correct: yes|no` / confidence; the verdict is group
-  1 of `correct\\s*:\\s*(yes|no)` (REFERENCE.md section 7: a known bug reads group 0, the
+  1 of `correct\\s*:\\s*(yes|no)` (design.md "Scoring": a known bug reads group 0, the
   whole match, and then tests for "yes" in the wrong string).
 
 `filter_stream` applies a judge to a stream. A trajectory without a final `<answer>` or
@@ -22,7 +22,7 @@ Where we deviate from DR-Venus and why
   says "... is not correct: yes, ..." or the word "incorrect: yes" must not decide the
   verdict. `<think>` blocks of reasoning graders are removed before parsing.
 * Several gold answers are given to the grader together ("A; or equivalently: B") in one
-  call instead of only the first gold (the public code's under-scoring, REFERENCE.md 6).
+  call instead of only the first gold (the public code's under-scoring, design.md "Pitfalls").
 """
 
 from __future__ import annotations

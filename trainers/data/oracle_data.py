@@ -10,7 +10,7 @@ adds the token-level view (exact loss masks from the chat template, `check_invar
 Long horizons come from a mixture of oracle settings (`OracleMixture`): most episodes take
 the direct path, some take random dead ends (`detour_prob`), and some are stretched to a
 target length (`target_turns`), which gives a turn histogram with a tail beyond 50 and 100
-turns, shaped like the REDSearcher data DR-Venus trains on (REFERENCE.md section 3).
+turns, shaped like the REDSearcher data DR-Venus trains on (design.md "SFT").
 Everything is deterministic given `OracleDataConfig.seed`.
 
 Recovery examples (`recovery_prob`): the oracle never makes a mistake, so a model trained

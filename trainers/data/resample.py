@@ -3,8 +3,8 @@
 A trajectory with T interaction turns (assistant messages) gets weight w(T) from
 thresholds t_1 < ... < t_k and weights w_0, ..., w_k: w_0 for T <= t_1, w_i for
 t_i < T <= t_{i+1}, w_k for T > t_k. The DR-Venus default is thresholds (50, 100) and
-weights (1, 2, 5): 1x for <= 50 turns, 2x for 51-100, 5x for > 100 (REFERENCE.md section
-3: 9,365 -> 18,745 instances, > 100-turn share 13.29% -> 33.21%).
+weights (1, 2, 5): 1x for <= 50 turns, 2x for 51-100, 5x for > 100 (design.md
+"SFT": 9,365 -> 18,745 instances, > 100-turn share 13.29% -> 33.21%).
 
 An integer weight w writes the trajectory w times (0 drops it, counted in the report).
 A fractional weight w = n + f writes it n times plus once more with probability f, decided

@@ -3,7 +3,8 @@
 `HFEngine(model, tokenizer)` runs its own decode loop rather than `model.generate`, because
 the engine contract (trainers.engines.base) needs per-request things generate does not give
 together: a seed per request, stop strings cut at a token boundary per row, banned ids, and
-raw log-probs of the sampled ids. The loop is the textbook one:
+raw log-probs of the sampled ids (the token rule is trainers.sampling's, shared with the
+single-conversation policy). The loop is the textbook one:
 
     left-pad the prompts -> one prefill forward (attention mask + explicit position ids)
     -> repeat: pick a token per live row, append, one forward of the new column.
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 
 from trainers.models import kv_cache_argument, returned_kv_cache
+from trainers.sampling import sample_token
 
 from .base import (
     Engine,
@@ -135,40 +137,24 @@ class HFEngine(Engine):
         Subclasses may override `_choose` (e.g. forced decoding in benchmarks) and keep
         the bookkeeping here.
         """
-        log_probs = torch.log_softmax(logits, dim=-1)
         next_ids: list[int] = []
         for i, row in enumerate(rows):
             if row.finish_reason is not None:
                 next_ids.append(self.pad_token_id)
                 continue
-            token = self._choose(logits[i], row, step)
+            token, logprob = self._choose(logits[i], row, step)
             row.token_ids.append(token)
-            row.logprobs.append(float(log_probs[i, token]))
+            row.logprobs.append(logprob)
             self._update_finish(row)
             next_ids.append(token)
         return next_ids
 
-    def _choose(self, logits: torch.Tensor, row: DecodeRow, step: int) -> int:
-        """Sample (or argmax) one token from one row's raw logits."""
+    def _choose(self, logits: torch.Tensor, row: DecodeRow, step: int) -> tuple[int, float]:
+        """One row's token and its raw log-prob, by trainers.sampling's one rule."""
         request = row.request
-        if request.banned_token_ids:
-            logits = logits.clone()
-            logits[request.banned_token_ids] = float("-inf")
-        if request.temperature == 0:
-            return int(torch.argmax(logits))
-        scaled = logits / request.temperature
-        if request.top_k > 0:
-            kth = torch.topk(scaled, min(request.top_k, scaled.numel())).values[-1]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        if request.top_p < 1.0:
-            sorted_logits, order = torch.sort(scaled, descending=True)
-            probs = torch.softmax(sorted_logits, dim=-1)
-            # Drop a token when the tokens before it already cover top_p (keeps at least one).
-            drop = probs.cumsum(-1) - probs >= request.top_p
-            scaled = scaled.clone()
-            scaled[order[drop]] = float("-inf")
-        probs = torch.softmax(scaled, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=row.generator))
+        return sample_token(logits, temperature=request.temperature, top_p=request.top_p,
+                            top_k=request.top_k, banned_ids=request.banned_token_ids,
+                            generator=row.generator)
 
     def _update_finish(self, row: DecodeRow) -> None:
         request = row.request

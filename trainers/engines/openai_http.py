@@ -12,7 +12,7 @@ Where the ids come from, in order of preference:
    `return_tokens_as_token_ids: true`, sent with every request);
 3. only with `retokenize_text_with=tokenizer`: the returned text encoded again. This is the
    caveat for servers that return only text: the encoding may differ from the ids the model
-   sampled (BPE boundary drift, REFERENCE.md section 6), so such trajectories are not
+   sampled (BPE boundary drift, design.md "Pitfalls"), so such trajectories are not
    exactly token in / token out; log-probs are then unavailable for the re-encoded ids and
    come back as 0.0. Off by default: an id-less reply raises `EngineReplyError`.
 

@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from trainers.sampling import raw_logprob
+
 from .base import Engine, GenerationRequest, GenerationResult
 from .hf import DecodeRow, HFEngine
 
@@ -76,10 +78,11 @@ class ForcedHFEngine(HFEngine):
         self._targets = {}
         return super()._generate_batch(requests)
 
-    def _choose(self, logits: torch.Tensor, row: DecodeRow, step: int) -> int:
+    def _choose(self, logits: torch.Tensor, row: DecodeRow, step: int) -> tuple[int, float]:
         target = self._targets.get(id(row))
         if target is None:
             target = _script_ids(self.tokenizer, self.respond, row.request.prompt_ids,
                                  self.end_of_turn_id)
             self._targets[id(row)] = target
-        return target[step] if step < len(target) else self.end_of_turn_id
+        token = target[step] if step < len(target) else self.end_of_turn_id
+        return token, raw_logprob(logits, token)

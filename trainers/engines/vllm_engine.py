@@ -14,7 +14,7 @@ Contract details (trainers.engines.base):
 * weights: `update_weights` calls the workers' `reload_weights` with the (name, tensor)
   pairs in checkpoint naming, then `reset_prefix_cache()`. Without the reset vLLM reuses KV
   blocks computed with the old weights for a repeated prompt prefix and the output is wrong
-  (DESIGN.md section 8). This needs the in-process engine
+  (design.md "Engines"). This needs the in-process engine
   (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here unless the caller chose); with a separate
   engine process the tensors would have to be serialised through a worker extension, which
   a GPU deployment adds (verl/OpenRLHF use NCCL broadcast to the workers instead).

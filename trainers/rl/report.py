@@ -57,7 +57,7 @@ def write_report(output_dir: str | Path, *, metrics_path: str | Path,
         output_dir: where to write (created if missing).
         metrics_path: the run's metrics.jsonl (trainers.rl.metrics.MetricsLogger); it may be
             empty (no step logged), but it must exist.
-        before, after: evaluation summaries (trainers.rl.evaluation.EvalResult.summary())
+        before, after: evaluation summaries (trainers.evaluation.Evaluation.summary())
             before and after RL. Rows whose key neither has are left out.
         config: the run's configuration, appended to report.md and report.json.
         title: the report's heading.
@@ -70,7 +70,7 @@ def write_report(output_dir: str | Path, *, metrics_path: str | Path,
     for name, value in (("before", before), ("after", after)):
         if not isinstance(value, Mapping):
             raise TypeError(f"{name} must be a mapping of metric -> number (e.g. "
-                            f"EvalResult.summary()), got {type(value).__name__}")
+                            f"Evaluation.summary()), got {type(value).__name__}")
     metrics_path = Path(metrics_path)
     if not metrics_path.exists():
         raise FileNotFoundError(f"metrics file {metrics_path} does not exist")

@@ -54,38 +54,14 @@ import transformers
 from trainers.batch import RolloutBatch
 from trainers.distributed import all_reduce_gradients
 from trainers.information_gain import score_batch
-from trainers.models import BOOLEAN_LOGITS_TO_KEEP
+
+# load_tokenizer: the driver imports it from here.
+from trainers.models import BOOLEAN_LOGITS_TO_KEEP, load_policy, load_tokenizer  # noqa: F401
 from trainers.probes import build_probe_template, build_probes, encode_text
 from trainers.rollout import RolloutStats, SamplingConfig, rollout_group, text_token_counter
-from trainers.tokenization import CHATML_TEMPLATE, ChatTokenizer
 from trainers.trajectory import Trajectory
 
 LEARNER_STATE_FILE = "learner.pt"
-
-
-def load_tokenizer(path: str | Path) -> tuple[Any, ChatTokenizer]:
-    """(tokenizer, ChatTokenizer with plain ChatML) of a policy directory."""
-    from transformers import AutoTokenizer
-
-    directory = Path(path)
-    if not (directory / "config.json").is_file():
-        raise FileNotFoundError(f"policy.path {str(path)!r} has no config.json; point it at a "
-                                f"save_pretrained directory (e.g. the SFT run's final/)")
-    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    return tokenizer, ChatTokenizer(tokenizer, chat_template=CHATML_TEMPLATE)
-
-
-def load_policy(path: str | Path) -> tuple[Any, Any, ChatTokenizer]:
-    """(model in train mode, tokenizer, ChatTokenizer with plain ChatML) from a directory."""
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as transformers_logging
-
-    tokenizer, chat = load_tokenizer(path)
-    # Every worker, learner and evaluator loads the policy; one progress bar per load buries
-    # the run's own output.
-    transformers_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(Path(path), local_files_only=True)
-    return model.train(), tokenizer, chat
 
 
 @dataclass

@@ -36,7 +36,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from trainers.policy import PolicyEvaluation, TransformersPolicy, evaluate_policy
+from trainers.evaluation import evaluate
+from trainers.policy import TransformersPolicy
 from trainers.sft.config import SFTExperimentConfig, config_to_dict, load_config
 from trainers.sft.pipeline import (
     build_chat,
@@ -62,17 +63,9 @@ def evaluate_model(config: SFTExperimentConfig, model: torch.nn.Module,
     """Play the held-out tasks once per eval seed. Returns the rates over all episodes and,
     with several seeds, each seed's format-valid rate and accuracy (the spread is the noise
     of one 50-task evaluation)."""
-    pooled, per_seed = PolicyEvaluation(), {}
-    for seed in config.eval.seeds:
-        evaluation = evaluate_policy(evaluation_policy(config, model, chat, seed),
-                                     config.eval_env_kwargs(), num_tasks=config.eval.num_tasks,
-                                     max_retries=config.eval.retries)
-        pooled.trajectories += evaluation.trajectories
-        pooled.episodes += evaluation.episodes
-        if len(config.eval.seeds) > 1:
-            per_seed[f"format_valid_rate_seed{seed}"] = evaluation.format_valid_rate
-            per_seed[f"accuracy_seed{seed}"] = evaluation.accuracy
-    return {**pooled.summary(), **per_seed}
+    return evaluate(evaluation_policy(config, model, chat), chat, config.eval_env_kwargs(),
+                    num_tasks=config.eval.num_tasks, seeds=config.eval.seeds,
+                    max_retries=config.eval.retries, progress=True).summary()
 
 
 def train_and_evaluate(config: SFTExperimentConfig, evaluate_untrained: bool = False

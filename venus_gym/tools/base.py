@@ -1,6 +1,6 @@
 """Types shared by every tool backend: search hits, page summaries and the backend protocols.
 
-The agent sees two tools (REFERENCE.md section 2): `search(query: list[str])` and
+The agent sees two tools (design.md "Turn format"): `search(query: list[str])` and
 `visit(url: list[str], goal: str)`. Behind them sit three small, swappable parts:
 
     SearchBackend  query -> ranked hits      (local index, Search-R1 retrieval server, web API)

@@ -1,7 +1,7 @@
 """The `search` and `visit` tools as the environment calls them: one object, text out.
 
 `Toolbox` combines a SearchBackend, a PageStore and a Summarizer (see base.py), renders
-their answers in DR-Venus's formats (REFERENCE.md section 2) and never raises for a backend
+their answers in DR-Venus's formats (design.md "Turn format") and never raises for a backend
 failure: exceptions and timeouts are retried with exponential backoff, then shown to the
 agent as an error text (`ToolOutcome.ok` False, `.error` saying what went wrong). A policy
 in RL training meets broken tools as observations, like any other, instead of crashing a

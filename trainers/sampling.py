@@ -1,0 +1,79 @@
+"""Choosing the next token: the one sampling rule of every local decoder.
+
+    token, logprob = sample_token(logits, temperature=1.0, top_p=0.9, top_k=0,
+                                  banned_ids=[...], generator=torch.Generator())
+
+Both the single-conversation policy (trainers.policy.TransformersPolicy) and the batched
+transformers engine (trainers.engines.hf.HFEngine) call this function on each position's
+float logits, so the same logits and generator state give the same token and log-prob.
+
+Conventions
+* The reported log-prob is the *raw* one: log_softmax of the unmodified logits at the chosen
+  token. Temperature, top-k / top-p and banned ids change which token is picked, never the
+  number. The RL learner recomputes old / new log-probs at temperature 1 on the same logits
+  (trainers.rl.workers.policy_token_logprobs does not divide by the temperature), so rollout
+  log-probs compare with the learner's directly, and vLLM's default `logprobs_mode`
+  ("raw_logprobs") reports the same quantity (trainers.engines.base).
+* temperature 0 is greedy: the argmax of the logits with banned ids removed.
+* top_k keeps the k largest scaled logits (ties with the k-th are kept).
+* top_p (nucleus): sort descending; a token is dropped when the tokens before it already
+  cover top_p (`mass_before >= top_p`), so the most likely token always stays. This is
+  vLLM's rule (it drops tokens whose ascending cumulative mass is <= 1 - top_p), so the
+  engines agree at the boundary.
+* Sampling draws with `torch.multinomial` on the CPU from `generator` (a CPU generator), so
+  a seeded request is reproducible whatever device computed the logits.
+
+Where we deviate and why: Hugging Face's `TopPLogitsWarper` keeps tokens while the
+ascending cumulative mass is > 1 - top_p, which differs from vLLM exactly at ties with the
+boundary; we follow vLLM because the vLLM engine is held to agree with the transformers one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def sample_token(logits: torch.Tensor, *, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, banned_ids: Sequence[int] = (),
+                 generator: torch.Generator | None = None) -> tuple[int, float]:
+    """The next token from one position's logits and its raw log-prob (module header).
+
+    Args:
+        logits: [vocab] float logits, unmodified (any device).
+        temperature: 0 = greedy, else sample from softmax(logits / temperature).
+        top_p, top_k: nucleus / top-k filtering when sampling (1.0 / 0 = off).
+        banned_ids: ids never chosen (e.g. control tokens message text may not contain).
+        generator: a CPU generator for the draw (None = torch's global one).
+    """
+    log_probs = torch.log_softmax(logits, dim=-1)
+    if banned_ids:
+        logits = logits.clone()
+        logits[list(banned_ids)] = float("-inf")
+    if temperature <= 0:
+        token = int(torch.argmax(logits))
+    else:
+        scaled = logits / temperature
+        if top_k > 0:
+            kth = torch.topk(scaled, min(top_k, scaled.numel())).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        if top_p < 1.0:
+            sorted_logits, order = torch.sort(scaled, descending=True)
+            probs = torch.softmax(sorted_logits, dim=-1)
+            drop = probs.cumsum(-1) - probs >= top_p
+            scaled = scaled.clone()
+            scaled[order[drop]] = float("-inf")
+        probs = torch.softmax(scaled, dim=-1)
+        token = int(torch.multinomial(probs.cpu(), 1, generator=generator))
+    return token, _logprob(log_probs, token)
+
+
+def raw_logprob(logits: torch.Tensor, token: int) -> float:
+    """The raw log-prob of `token` under one position's logits (for forced choices)."""
+    return _logprob(torch.log_softmax(logits, dim=-1), token)
+
+
+def _logprob(log_probs: torch.Tensor, token: int) -> float:
+    # log_softmax never exceeds 0 in exact arithmetic; the clamp keeps rounding from it.
+    return min(0.0, float(log_probs[token]))
