@@ -31,7 +31,10 @@ SNIPPET_CHARS = 200
 # Characters that would change a url's meaning (fragment, query, escape) or break it.
 # Parentheses stay, as in Wikipedia's own urls ("Shirley_Temple_(film)").
 _URL_ESCAPES = str.maketrans({"%": "%25", "#": "%23", "?": "%3F", '"': "%22", "<": "%3C",
-                              ">": "%3E", "\\": "%5C", "[": "%5B", "]": "%5D"})
+                              ">": "%3E", "\\": "%5C", "[": "%5B", "]": "%5D",
+                              # control characters: observations would show them as U+FFFD
+                              **{chr(c): f"%{c:02X}" for c in (*range(0x20), 0x7F)},
+                              **{chr(c): "%C2%" + f"{c:02X}" for c in range(0x80, 0xA0)}})
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 _STEP_REFERENCE = re.compile(r"#(\d+)")
 
