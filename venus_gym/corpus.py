@@ -203,14 +203,17 @@ def count_lines(paths: Iterable[str | Path]) -> int:
 
 
 def _too_deep(value: Any, limit: int) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
+    """Whether a decoded JSON value nests deeper than `limit` (level by level, no recursion)."""
+    level, depth = [value], 1
+    while level:
         if depth > limit:
             return True
-        children = item.values() if isinstance(item, dict) else item
-        stack.extend((child, depth + 1) for child in children
-                     if isinstance(child, dict | list))
+        deeper = []
+        for item in level:
+            for child in (item.values() if type(item) is dict else item):
+                if type(child) is dict or type(child) is list:
+                    deeper.append(child)
+        level, depth = deeper, depth + 1
     return False
 
 
