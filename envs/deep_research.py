@@ -114,12 +114,12 @@ class DeepResearchEnv(gym.Env[str, str]):
     ## Version History
     - v0: initial release (DR-Venus turn format, search + visit tools, embedded world,
       HotpotQA variant).
-    - v0, `prompt_style` added (seventh session): 'compact' offers a short system prompt;
+    - v0, `prompt_style` added (2026-11-26): 'compact' offers a short system prompt;
       the default 'full' prompt and everything else are unchanged.
-    - v0, visit summaries made process-independent (tenth session): the extractive
+    - v0, visit summaries made process-independent (2026-11-27): the extractive
       summarizer broke some ties between equally scored sentences by Python's per-process
       hash order; it now always picks the earlier sentence, as its docstring said.
-    - v0, `judge_turn` added (eleventh session): the step's validity check without the step;
+    - v0, `judge_turn` added (2026-11-27): the step's validity check without the step;
       episodes are unchanged.
     - v0, observations cleaned of control characters: C0 (but tab and newline), DEL and C1
       characters and lone surrogates in the question, tool output or echoed arguments

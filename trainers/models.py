@@ -119,7 +119,7 @@ def build_chatml_tokenizer(corpus_texts: Iterable[str], vocab_size: int = 512, *
             runs, so a word has the same ids wherever it stands: after a space, at the start
             of a line, after `/`, `"` or `_`. Copying a name from a page into a query, a URL or
             an answer is then a verbatim copy of ids, which a tiny model learns far more
-            easily (docs/benchmarks.md, fifth session); it costs little length at 1K ids.
+            easily (experiments/HISTORY.md, part 5); it costs little length at 1K ids.
 
     Returns:
         A fast tokenizer with EOS (= end-of-turn) `<|im_end|>`, pad `<|pad|>`, no BOS, and

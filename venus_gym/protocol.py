@@ -238,7 +238,7 @@ def render_system_prompt(tools: Sequence[str] = DEFAULT_TOOLS, date: str = "2025
     the current date (~300 words; 1,251 tokens with a 1,024-id world tokenizer).
     style "compact" gives the turn format and each tool's arguments in ~80 words. It is meant
     for tiny models trained from scratch on a CPU, where the full prompt is half of every
-    episode's tokens (docs/benchmarks.md, seventh session); a model trained with one style
+    episode's tokens (experiments/HISTORY.md, part 7); a model trained with one style
     must be run with the same style.
 
     Args:

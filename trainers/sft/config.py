@@ -178,7 +178,7 @@ class EvalConfig:
                                "temperature). A small model decoded greedily tends to copy a "
                                "repetition loop into its later turns; sampling at a low "
                                "temperature can leave it, but one run is then noisier: "
-                               "use several seeds (docs/benchmarks.md, ninth session).", 0.0)
+                               "use several seeds (experiments/HISTORY.md, part 9).", 0.0)
     seeds: tuple[int, ...] = help_field("Sampling seeds. With temperature > 0 each seed plays every "
                                    "task once; the results pool all episodes and, with several "
                                    "seeds, also give each seed's rates. Greedy decoding takes one "

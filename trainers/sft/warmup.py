@@ -57,7 +57,7 @@ def induction_warmup(model: torch.nn.Module, vocab_size: int, *, steps: int,
     model's shape, the batch size and the lr (docs/sft.md has a table). With `target_loss`
     > 0 the warm-up stops as soon as the mean loss of the last TARGET_WINDOW steps is below
     it, and raises InductionWarmupError if `steps` pass first: SFT after a failed warm-up
-    does not learn to copy names (docs/benchmarks.md, tenth session), so a long run should
+    does not learn to copy names (experiments/HISTORY.md, part 10), so a long run should
     not start.
 
     Args:

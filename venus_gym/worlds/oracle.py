@@ -213,7 +213,7 @@ class OracleAgent:
         plan_steps: write the question's decomposition ("Step 1: ... Step 2: ...") in the
             first turn and restate each step when it starts (`_steps`). False gives the
             older wording without steps: a short SFT run learns it faster (the 450-step
-            demo: docs/benchmarks.md, sixth session).
+            demo: experiments/HISTORY.md, part 6).
 
     Attributes:
         done: True once the final answer turn has been returned.
@@ -335,7 +335,7 @@ class OracleAgent:
         Stanlin plays."), so the relation it needs is copied from the plan a few hundred
         tokens back rather than re-derived from the question's wording (a tiny model trained
         without this picked the right first relation on 5 of 46 held-out tasks;
-        docs/benchmarks.md, fifth session)."""
+        experiments/HISTORY.md, part 5)."""
         steps = []
         for i, hop in enumerate(self.hops):
             clause = hop.clause
