@@ -1,7 +1,7 @@
 """Search and read real HotpotQA paragraphs through DeepResearch-HotpotQA-v0.
 
     python examples/hotpotqa_search.py
-    python examples/hotpotqa_search.py --world ../shared/data/musique_ans_dev_200.jsonl
+    python examples/hotpotqa_search.py --world tests/data/musique_ans_dev_20.jsonl
 
 Writes the agent's turns by hand: search each supporting paragraph's title, visit it
 with the question as the goal, and print what the environment returns.
