@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import venus_gym  # noqa: F401  (registers the environments)
+import envs  # noqa: F401  (registers the environments)
 from envs.wrappers import ChatHistory
 from venus_gym.corpus import Corpus, Page
 from venus_gym.protocol import clean_text, sanitize_observation

@@ -1,6 +1,6 @@
 """It learns: a tiny model trained for ~1 minute on oracle data writes format-valid first
 turns on held-out tasks, which the same model untrained never does (issue 3, item 6, the
-test-suite version; the full example is examples/sft_tiny.py)."""
+test-suite version; the full recipe is `venus-gym sft`, trainers/sft/recipe.py)."""
 
 from __future__ import annotations
 
