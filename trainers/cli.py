@@ -13,6 +13,9 @@
     venus-gym eval --policy DIR --benchmark hotpotqa --k 2 --out DIR
                                    # evaluate a checkpoint or endpoint: pass@k, EM/F1,
                                    #   judge, report (docs/evaluate.md; needs .[train])
+    venus-gym view FILE -o page.html
+                                   # a static HTML page to read trajectories (eval results,
+                                   #   RL samples) in a browser
 
 The command lives in trainers, the one package allowed to import all three (venus_gym,
 envs, trainers). Each subcommand imports what it needs when it runs, so `oracle`, `world`
@@ -186,6 +189,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return main_args(args)
 
 
+def cmd_view(args: argparse.Namespace) -> int:
+    from trainers.viewer import main_args
+
+    return main_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="venus-gym", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -256,6 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
                                      "results.jsonl and a report (docs/evaluate.md)")
     add_eval_arguments(ev)
     ev.set_defaults(func=cmd_eval)
+
+    vw = sub.add_parser("view", help="write a self-contained HTML page to read trajectories "
+                                     "(eval results.jsonl, RL samples) with filters")
+    vw.add_argument("file", help="a trajectory JSONL (results.jsonl, samples/step-*.jsonl)")
+    vw.add_argument("-o", "--output", default="trajectories.html", help="the page to write")
+    vw.set_defaults(func=cmd_view)
     return p
 
 
