@@ -16,6 +16,7 @@
     venus-gym view FILE -o page.html
                                    # a static HTML page to read trajectories (eval results,
                                    #   RL samples) in a browser
+    venus-gym chat --policy DIR    # ask a question, watch the agent's turns (needs .[train])
 
 The command lives in trainers, the one package allowed to import all three (venus_gym,
 envs, trainers). Each subcommand imports what it needs when it runs, so `oracle`, `world`
@@ -195,6 +196,14 @@ def cmd_view(args: argparse.Namespace) -> int:
     return main_args(args)
 
 
+def cmd_chat(args: argparse.Namespace) -> int:
+    try:
+        from trainers.chat import main_args
+    except ImportError as e:
+        return _needs_train_extras("chat", e)
+    return main_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="venus-gym", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -271,6 +280,13 @@ def build_parser() -> argparse.ArgumentParser:
     vw.add_argument("file", help="a trajectory JSONL (results.jsonl, samples/step-*.jsonl)")
     vw.add_argument("-o", "--output", default="trajectories.html", help="the page to write")
     vw.set_defaults(func=cmd_view)
+
+    from trainers.chat import add_arguments as add_chat_arguments  # light: no torch
+
+    ch = sub.add_parser("chat", help="ask the agent questions and watch its turns (reasoning, "
+                                     "tool calls, tool responses, answer) in the terminal")
+    add_chat_arguments(ch)
+    ch.set_defaults(func=cmd_chat)
     return p
 
 

@@ -134,7 +134,7 @@ class EvalRunConfig:
             problems.append(f"--env may not set {sorted(reserved & set(self.env))}: they have "
                             "their own options")
         if problems:
-            raise ValueError("venus-gym eval: " + "; ".join(problems))
+            raise ValueError("; ".join(problems))
 
     @property
     def sampling_temperature(self) -> float:
