@@ -143,11 +143,10 @@ class EvalRunConfig:
         return 0.0 if self.k == 1 else 1.0
 
     def identity(self) -> dict[str, Any]:
-        """The settings that decide what a task's trajectories are (checked on resume);
-        num_tasks, the judge and output options may change between runs."""
+        """The settings that decide a task's records (checked on resume); num_tasks and the
+        output options may change between runs."""
         data = dataclasses.asdict(self)
-        for key in ("out", "num_tasks", "judge_endpoint", "judge_model", "judge_retries",
-                    "save_token_ids", "bootstrap_samples"):
+        for key in ("out", "num_tasks", "judge_retries", "save_token_ids", "bootstrap_samples"):
             data.pop(key)
         data["temperature"] = self.sampling_temperature
         return data

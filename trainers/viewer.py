@@ -291,7 +291,7 @@ function renderList() {
     const li = el("li", "traj" + (index === selected ? " selected" : ""));
     li.dataset.index = String(index);
     li.append(el("span", "badge " + (item.correct ? "ok" : "bad"), item.correct ? "correct" : "wrong"));
-    if (item.hops !== null) li.append(el("span", "badge", item.hops + " hops"));
+    if (item.hops !== null) li.append(el("span", "badge", item.hops + (item.hops === 1 ? " hop" : " hops")));
     if (item.errors) li.append(el("span", "badge warn", item.errors + " format error" + (item.errors > 1 ? "s" : "")));
     li.append(el("span", "badge", item.turns.length + " turns"));
     li.append(el("span", "q", item.question || item.id));
