@@ -10,6 +10,13 @@
     venus-gym world info PATH      # counts and hop histogram of a saved world or QA JSONL
     venus-gym env-help             # every DeepResearch-v0 argument with its help text
     venus-gym data ...             # SFT data pipeline (venus-gym data --help; needs .[train])
+    venus-gym eval --policy DIR --benchmark hotpotqa --k 2 --out DIR
+                                   # evaluate a checkpoint or endpoint: pass@k, EM/F1,
+                                   #   judge, report (docs/evaluate.md; needs .[train])
+    venus-gym view FILE -o page.html
+                                   # a static HTML page to read trajectories (eval results,
+                                   #   RL samples) in a browser
+    venus-gym chat --policy DIR    # ask a question, watch the agent's turns (needs .[train])
 
 The command lives in trainers, the one package allowed to import all three (venus_gym,
 envs, trainers). Each subcommand imports what it needs when it runs, so `oracle`, `world`
@@ -175,6 +182,28 @@ def cmd_sft(sft_argv: list[str]) -> int:
     return sft_main(sft_argv, prog="venus-gym sft")
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    try:
+        from trainers.eval_run import main_args
+    except ImportError as e:
+        return _needs_train_extras("eval", e)
+    return main_args(args)
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from trainers.viewer import main_args
+
+    return main_args(args)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    try:
+        from trainers.chat import main_args
+    except ImportError as e:
+        return _needs_train_extras("chat", e)
+    return main_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="venus-gym", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -237,6 +266,27 @@ def build_parser() -> argparse.ArgumentParser:
                                        "resample, report, all (venus-gym data --help)",
                           add_help=False)
     data.set_defaults(func=lambda args: cmd_data(["--help"]))
+
+    from trainers.eval_run import add_arguments as add_eval_arguments  # light: no torch
+
+    ev = sub.add_parser("eval", help="evaluate a saved policy or an endpoint on a benchmark: "
+                                     "pass@1/avg@k/pass@k, EM/F1, optional LLM judge, "
+                                     "results.jsonl and a report (docs/evaluate.md)")
+    add_eval_arguments(ev)
+    ev.set_defaults(func=cmd_eval)
+
+    vw = sub.add_parser("view", help="write a self-contained HTML page to read trajectories "
+                                     "(eval results.jsonl, RL samples) with filters")
+    vw.add_argument("file", help="a trajectory JSONL (results.jsonl, samples/step-*.jsonl)")
+    vw.add_argument("-o", "--output", default="trajectories.html", help="the page to write")
+    vw.set_defaults(func=cmd_view)
+
+    from trainers.chat import add_arguments as add_chat_arguments  # light: no torch
+
+    ch = sub.add_parser("chat", help="ask the agent questions and watch its turns (reasoning, "
+                                     "tool calls, tool responses, answer) in the terminal")
+    add_chat_arguments(ch)
+    ch.set_defaults(func=cmd_chat)
     return p
 
 

@@ -39,8 +39,9 @@ Where we deviate from DR-Venus and why
 from __future__ import annotations
 
 import dataclasses
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,7 +138,8 @@ def evaluate(policy: Any, chat: ChatTokenizer, env_kwargs: dict[str, Any], *,
              num_tasks: int = 0, task_split: str = "test", k: int = 1,
              seeds: Sequence[int] | None = None, sampling: SamplingConfig | None = None,
              max_retries: int = 0, max_context_tokens: int = 32_768,
-             progress: bool = False) -> Evaluation:
+             progress: bool = False, task_indices: Sequence[int] | None = None,
+             on_task: OnTask | None = None, reseed_each_task: bool = False) -> Evaluation:
     """Play the first `num_tasks` tasks of `task_split` (0 = all) k times each, per seed.
 
     Args:
@@ -160,6 +162,14 @@ def evaluate(policy: Any, chat: ChatTokenizer, env_kwargs: dict[str, Any], *,
         max_retries: policy only: DR-Venus turn retries (trainers.policy.run_episode).
         max_context_tokens: engine only: the rollout's hard cap on an episode's ids.
         progress: show a tqdm bar over tasks.
+        task_indices: play exactly these tasks of the split (indices into its list) instead
+            of the first `num_tasks` (which must then be 0); e.g. the tasks a resumed
+            evaluation has not finished.
+        on_task: called after each task with (task index, its k trajectories, wall seconds),
+            e.g. to append them to a results file as they finish.
+        reseed_each_task: policy only: re-seed its generator with seed + task index before
+            each task (seed 0 when `seeds` is None), so a task plays the same whichever
+            tasks ran before it (engines always seed task i's group with seed + i).
 
     Raises:
         ValueError: k < 1, num_tasks < 0, env_kwargs naming group_size, or an argument the
@@ -175,6 +185,13 @@ def evaluate(policy: Any, chat: ChatTokenizer, env_kwargs: dict[str, Any], *,
         raise ValueError("env_kwargs must not set group_size; evaluate uses k")
     if max_retries < 0:
         raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+    if task_indices is not None:
+        if num_tasks:
+            raise ValueError("give num_tasks or task_indices, not both")
+        task_indices = [int(i) for i in task_indices]
+        if any(i < 0 for i in task_indices):
+            raise ValueError(f"task_indices must be >= 0, got {task_indices}")
+    plan = _Plan(num_tasks, task_indices, on_task, reseed_each_task)
     env_kwargs = {**env_kwargs, "task_split": task_split}
     result = Evaluation(k=k)
     if isinstance(policy, TransformersPolicy):
@@ -184,13 +201,16 @@ def evaluate(policy: Any, chat: ChatTokenizer, env_kwargs: dict[str, Any], *,
         for seed in (None,) if seeds is None else seeds:
             if seed is not None:
                 policy.generator.manual_seed(seed)
-            _play_policy(policy, env_kwargs, num_tasks, k, max_retries, progress, result, seed)
+            _play_policy(policy, env_kwargs, plan, k, max_retries, progress, result, seed)
     elif isinstance(policy, Engine):
         if max_retries:
             raise ValueError("max_retries needs a TransformersPolicy: engine rollouts never "
                              "retry (trainers.rollout)")
+        if reseed_each_task:
+            raise ValueError("reseed_each_task is for a TransformersPolicy: engines seed "
+                             "task i's group with seed + i already")
         for seed in (0,) if seeds is None else seeds:
-            _play_engine(policy, chat, env_kwargs, num_tasks, k, seed, sampling,
+            _play_engine(policy, chat, env_kwargs, plan, k, seed, sampling,
                          max_context_tokens, progress, result)
     else:
         raise TypeError(f"policy must be a TransformersPolicy or an Engine, got "
@@ -198,23 +218,49 @@ def evaluate(policy: Any, chat: ChatTokenizer, env_kwargs: dict[str, Any], *,
     return result
 
 
+OnTask = Callable[[int, list[Trajectory], float], None]
+
+
+@dataclass
+class _Plan:
+    """Which tasks to play and what to do after each."""
+
+    num_tasks: int
+    task_indices: list[int] | None
+    on_task: OnTask | None
+    reseed_each_task: bool
+
+    def indices(self, available: int, task_split: str) -> list[int]:
+        if self.task_indices is not None:
+            beyond = [i for i in self.task_indices if i >= available]
+            if beyond:
+                raise ValueError(f"task_indices {beyond} are beyond split {task_split!r}, "
+                                 f"which has {available} tasks")
+            return list(self.task_indices)
+        return list(range(_task_count(available, self.num_tasks, task_split)))
+
+    def done(self, index: int, group: list[Trajectory], started: float) -> None:
+        if self.on_task is not None:
+            self.on_task(index, group, time.perf_counter() - started)
+
+
 def _task_count(available: int, num_tasks: int, task_split: str) -> int:
     if num_tasks > available:
         warnings.warn(f"num_tasks={num_tasks} but split {task_split!r} has only {available} "
-                      f"tasks; evaluating all of them", RuntimeWarning, stacklevel=3)
+                      f"tasks; evaluating all of them", RuntimeWarning, stacklevel=4)
     return available if num_tasks == 0 else min(num_tasks, available)
 
 
-def _tasks(count: int, task_split: str, progress: bool) -> Any:
+def _tasks(indices: list[int], task_split: str, progress: bool) -> Any:
     if not progress:
-        return range(count)
+        return indices
     from tqdm.auto import tqdm
 
-    return tqdm(range(count), desc=f"evaluating on {task_split}", unit="task",
+    return tqdm(indices, desc=f"evaluating on {task_split}", unit="task",
                 dynamic_ncols=True)
 
 
-def _play_policy(policy: Any, env_kwargs: dict[str, Any], num_tasks: int, k: int,
+def _play_policy(policy: Any, env_kwargs: dict[str, Any], plan: _Plan, k: int,
                  max_retries: int, progress: bool, result: Evaluation,
                  seed: int | None) -> None:
     import gymnasium as gym
@@ -224,8 +270,11 @@ def _play_policy(policy: Any, env_kwargs: dict[str, Any], num_tasks: int, k: int
     split = env_kwargs["task_split"]
     env = gym.make("envs:DeepResearch-v0", **env_kwargs)  # "envs:" registers the ids
     try:
-        count = _task_count(len(env.unwrapped.tasks), num_tasks, split)
-        for index in _tasks(count, split, progress):
+        indices = plan.indices(len(env.unwrapped.tasks), split)
+        for index in _tasks(indices, split, progress):
+            started = time.perf_counter()
+            if plan.reseed_each_task:
+                policy.generator.manual_seed((seed or 0) + index)
             group = []
             for member in range(k):
                 suffix = f"/{member}" if k > 1 else ""
@@ -235,12 +284,13 @@ def _play_policy(policy: Any, env_kwargs: dict[str, Any], num_tasks: int, k: int
                 group.append(trajectory)
             result.per_task.append(group)
             result.seeds.append(seed)
+            plan.done(index, group, started)
     finally:
         env.close()
 
 
 def _play_engine(engine: Engine, chat: ChatTokenizer, env_kwargs: dict[str, Any],
-                 num_tasks: int, k: int, seed: int, sampling: SamplingConfig | None,
+                 plan: _Plan, k: int, seed: int, sampling: SamplingConfig | None,
                  max_context_tokens: int, progress: bool, result: Evaluation) -> None:
     from envs.group import DeepResearchGroupEnv
     from trainers.rollout import rollout_group
@@ -257,12 +307,14 @@ def _play_engine(engine: Engine, chat: ChatTokenizer, env_kwargs: dict[str, Any]
     split = env_kwargs["task_split"]
     group = DeepResearchGroupEnv(group_size=k, **env_kwargs)
     try:
-        count = _task_count(len(group.tasks), num_tasks, split)
-        for i in _tasks(count, split, progress):
+        indices = plan.indices(len(group.tasks), split)
+        for i in _tasks(indices, split, progress):
+            started = time.perf_counter()
             result.per_task.append(rollout_group(
                 engine, group, chat, seed=seed + i, options={"task_index": i},
                 sampling=sampling, max_context_tokens=max_context_tokens))
             result.seeds.append(seed)
+            plan.done(i, result.per_task[-1], started)
     finally:
         group.close()
 

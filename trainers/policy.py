@@ -64,19 +64,23 @@ class TransformersPolicy:
         temperature: 0 = greedy; else sample from softmax(logits / temperature).
         top_p, top_k: nucleus / top-k filtering when sampling (1.0 / 0 = off).
         seed: seed of the sampling generator.
+        presence_penalty: subtracted from the logits of ids already generated in this turn
+            (trainers.sampling; DR-Venus's inference option against loops). 0 = off.
 
     Tokens are chosen by trainers.sampling.sample_token, the rule the batched engine uses
     too; the recorded log-probs are raw (before temperature), as the learner computes them.
     """
 
     def __init__(self, model: Any, chat: ChatTokenizer, max_new_tokens: int = 256,
-                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0):
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+                 presence_penalty: float = 0.0):
         self.model = model.eval()
         self.chat = chat
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.top_p = top_p
         self.top_k = top_k
+        self.presence_penalty = presence_penalty
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         # Control tokens other than the end of turn may not appear in message text.
@@ -127,7 +131,8 @@ class TransformersPolicy:
         for _ in range(self.max_new_tokens):
             token, logprob = sample_token(logits, temperature=self.temperature,
                                           top_p=self.top_p, top_k=self.top_k,
-                                          banned_ids=self.banned_ids, generator=self.generator)
+                                          banned_ids=self.banned_ids, generator=self.generator,
+                                          presence_penalty=self.presence_penalty, seen_ids=ids)
             ids.append(token)
             logprobs.append(logprob)
             if token == eot:

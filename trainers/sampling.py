@@ -15,6 +15,10 @@ Conventions
   log-probs compare with the learner's directly, and vLLM's default `logprobs_mode`
   ("raw_logprobs") reports the same quantity (trainers.engines.base).
 * temperature 0 is greedy: the argmax of the logits with banned ids removed.
+* presence_penalty (OpenAI / vLLM semantics) subtracts the penalty once from the logit of
+  every id in `seen_ids` (the ids generated so far in this request) before temperature,
+  top-k / top-p and greedy choice; 0 (the default) leaves the logits alone. DR-Venus's
+  inference uses it against repetition loops.
 * top_k keeps the k largest scaled logits (ties with the k-th are kept).
 * top_p (nucleus): sort descending; a token is dropped when the tokens before it already
   cover top_p (`mass_before >= top_p`), so the most likely token always stays. This is
@@ -37,7 +41,8 @@ import torch
 
 def sample_token(logits: torch.Tensor, *, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, banned_ids: Sequence[int] = (),
-                 generator: torch.Generator | None = None) -> tuple[int, float]:
+                 generator: torch.Generator | None = None, presence_penalty: float = 0.0,
+                 seen_ids: Sequence[int] = ()) -> tuple[int, float]:
     """The next token from one position's logits and its raw log-prob (module header).
 
     Args:
@@ -46,8 +51,13 @@ def sample_token(logits: torch.Tensor, *, temperature: float = 0.0, top_p: float
         top_p, top_k: nucleus / top-k filtering when sampling (1.0 / 0 = off).
         banned_ids: ids never chosen (e.g. control tokens message text may not contain).
         generator: a CPU generator for the draw (None = torch's global one).
+        presence_penalty, seen_ids: subtract the penalty from the logits of the ids seen
+            (module header); the reported log-prob stays raw.
     """
     log_probs = torch.log_softmax(logits, dim=-1)
+    if presence_penalty and seen_ids:
+        logits = logits.clone()
+        logits[sorted(set(seen_ids))] -= presence_penalty
     if banned_ids:
         logits = logits.clone()
         logits[list(banned_ids)] = float("-inf")

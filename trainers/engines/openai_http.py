@@ -54,16 +54,21 @@ class OpenAIHTTPEngine(Engine):
         timeout_s: per HTTP request.
         max_concurrency: requests in flight at once.
         retokenize_text_with: a tokenizer to encode text-only replies (see module doc).
+        presence_penalty: sent with every request when nonzero (the OpenAI API's option;
+            DR-Venus's inference uses it against loops). Set on the engine rather than per
+            request because only served models take it (GenerationRequest has no field the
+            transformers engine would have to honour).
     """
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
                  timeout_s: float = 600.0, max_concurrency: int = 64,
-                 retokenize_text_with: Any = None):
+                 retokenize_text_with: Any = None, presence_penalty: float = 0.0):
         self.url = base_url.rstrip("/") + "/completions"
         self.model = model
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self.timeout_s = timeout_s
         self.retokenizer = retokenize_text_with
+        self.presence_penalty = presence_penalty
         self._pool = ThreadPoolExecutor(max_concurrency)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
@@ -93,6 +98,8 @@ class OpenAIHTTPEngine(Engine):
             body["logit_bias"] = {str(i): -100 for i in request.banned_token_ids}
         if request.seed is not None:
             body["seed"] = request.seed
+        if self.presence_penalty:
+            body["presence_penalty"] = self.presence_penalty
         return body
 
     def _complete(self, request: GenerationRequest) -> GenerationResult:

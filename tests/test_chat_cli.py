@@ -1,0 +1,114 @@
+"""`venus-gym chat` (trainers.chat) driven through a pseudo-terminal: a scripted question,
+a scripted policy, the turns printed as they come, Ctrl-C ending the program cleanly."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+DRIVER = r'''
+import sys
+from trainers.chat import ChatSession, chat_loop
+from trainers.models import build_chatml_tokenizer
+from trainers.policy import GeneratedTurn
+from trainers.rollout import text_token_counter
+from trainers.sft.pipeline import build_chat
+from venus_gym.corpus import World
+from venus_gym.worlds import load_world
+
+class Scripted:
+    """Searches, visits the first hit, answers Paris; each turn 'thinks' first."""
+    def __init__(self, chat):
+        self.chat = chat
+        self.turn = 0
+    def reset(self):
+        self.turn = 0
+    def generate_turn(self, prompt_ids):
+        self.turn += 1
+        if self.turn == 1:
+            text = '<think>I should search.</think>\n<tool_call>{"name": "search", "arguments": {"query": ["capital of France"]}}</tool_call>'
+        else:
+            text = "<think>The page says Paris.</think>\n<answer>Paris</answer>"
+        ids = self.chat.tokenizer.encode(text, add_special_tokens=False)
+        return GeneratedTurn(ids + [self.chat.end_of_turn_id], text, [0.0] * (len(ids) + 1))
+
+chat = build_chat(build_chatml_tokenizer(["capital of France Paris search answer think"] * 5,
+                                         vocab_size=300))
+base = load_world(sys.argv[1])
+world = World(base.name, base.corpus, list(base.tasks))
+session = ChatSession(Scripted(chat), world, {"max_turns": 4,
+                                              "token_counter": text_token_counter(chat)})
+sys.exit(chat_loop(session))
+'''
+
+
+def read_until(fd: int, marker: str, seen: list[str], timeout: float = 120.0) -> str:
+    deadline = time.monotonic() + timeout
+    while marker not in "".join(seen):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no {marker!r} in the terminal output:\n{''.join(seen)}")
+        ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+        if ready:
+            try:
+                seen.append(os.read(fd, 4096).decode("utf-8", "replace"))
+            except OSError:  # the child closed the terminal
+                break
+    return "".join(seen)
+
+
+def test_chat_streams_turns_and_ends_cleanly_on_ctrl_c(tmp_path):
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"id": "q0", "question": "What is the capital of France?",
+                              "answers": ["Paris"], "paragraphs": [
+                                  {"title": "France", "is_supporting": True,
+                                   "text": "The capital of France is Paris."}]}) + "\n")
+    (tmp_path / "driver.py").write_text(DRIVER)
+    master, slave = pty.openpty()
+
+    def controlling_terminal():  # the pty becomes the child's terminal: Ctrl-C -> SIGINT
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    child = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(qa)],
+                             stdin=slave, stdout=slave, stderr=slave, env=env,
+                             preexec_fn=controlling_terminal, close_fds=True)
+    os.close(slave)
+    seen: list[str] = []
+    try:
+        read_until(master, "question> ", seen)
+        os.write(master, b"What is the capital of France?\n")
+        text = read_until(master, "score", seen)
+        read_until(master, "question> ", [text])  # ready for the next question
+        for expected in ("[reasoning] I should search.", "[tool call] {\"name\": \"search\"",
+                         "[tool response]", "[answer] Paris", "gold: Paris", "(score 1.00)"):
+            assert expected in text, expected
+        assert text.index("[tool call]") < text.index("[tool response]") < text.index(
+            "[answer] Paris")
+        assert "\033[" in text  # a terminal gets colours
+        os.write(master, b"\x03")  # Ctrl-C at the prompt
+        text = read_until(master, "bye", seen)
+        assert child.wait(timeout=60) == 0
+        assert "Traceback" not in text and "KeyboardInterrupt" not in text
+    finally:
+        if child.poll() is None:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+        os.close(master)
+
+
+def test_chat_refuses_a_missing_policy(capsys):
+    from trainers.cli import main
+
+    assert main(["chat"]) == 2
+    assert "--policy" in capsys.readouterr().err
