@@ -92,10 +92,14 @@ class DeepResearchEnv(gym.Env[str, str]):
     `env.unwrapped.judge_turn(action)` returns the validity and reason `step` would give the
     turn, without taking the step (for inference loops that retry malformed turns).
 
-    Observations are sanitised (`venus_gym.protocol.sanitize_observation`): lone
-    surrogates, chat control tokens such as `<|im_end|>` and stray `<tool_response>` tags
-    in tool output or echoed model strings are neutralised, so a rollout can always
-    tokenise them.
+    Observations are sanitised in one place (`venus_gym.protocol.sanitize_observation`,
+    applied to the question, every tool result and every malformed-turn notice): control
+    characters (C0 but tab and newline, DEL, C1 U+0080-U+009F) and lone surrogates become
+    U+FFFD, carriage returns become newlines, and chat control tokens such as `<|im_end|>`
+    and stray `<tool_response>` tags in tool output or echoed model strings (queries,
+    urls, goals) are neutralised, so a rollout can always tokenise them and no terminal
+    escape reaches a log or the training text. The toolbox searches a query holding such
+    characters with U+FFFD in their place.
 
     ## Arguments
     See `envs.config.DeepResearchConfig` (every keyword of `gym.make`, with help text):
@@ -117,6 +121,11 @@ class DeepResearchEnv(gym.Env[str, str]):
       hash order; it now always picks the earlier sentence, as its docstring said.
     - v0, `judge_turn` added (eleventh session): the step's validity check without the step;
       episodes are unchanged.
+    - v0, observations cleaned of control characters: C0 (but tab and newline), DEL and C1
+      characters and lone surrogates in the question, tool output or echoed arguments
+      become U+FFFD (lone surrogates were '?'), carriage returns newlines; a query holding
+      a lone surrogate is searched instead of failing as a tool error. Observations of
+      text without such characters are unchanged.
     """
 
     metadata = {"render_modes": ["ansi", "human"]}

@@ -616,6 +616,25 @@ def format_answer_turn(think: str, answer: str) -> str:
 
 _CHAT_CONTROL_TOKEN = re.compile(r"<\|([^|<>\s]{1,64})\|>")
 _RESPONSE_TAG = re.compile(r"<(/?tool_response)>")
+# C0 controls but tab and newline, DEL, C1 controls, and surrogates (in a str always lone).
+_UNSAFE_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+REPLACEMENT_CHARACTER = "\ufffd"
+
+
+def clean_text(text: str) -> str:
+    """Text without control characters or lone surrogates, for anything shown to a model.
+
+    Carriage returns become newlines ("\\r\\n" one newline); every other C0 control but
+    tab and newline, DEL, every C1 control (U+0080-U+009F) and every lone surrogate
+    (from a `"\\ud800"` JSON escape; UTF-8 cannot encode it) becomes U+FFFD, so an
+    escape sequence or a NUL stays visible as a replacement but can do nothing. Text
+    without such characters is returned unchanged.
+    """
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if _UNSAFE_CHARS.search(text):
+        text = _UNSAFE_CHARS.sub(REPLACEMENT_CHARACTER, text)
+    return text
 
 
 def sanitize_observation(text: str) -> str:
@@ -624,15 +643,14 @@ def sanitize_observation(text: str) -> str:
     Tool output (web pages, search hits, summaries) and the model's own strings echoed back
     (queries, urls, goals, decoded from JSON escapes) can carry what must never reach the
     chat template as-is:
-    - lone surrogates (from `"\\ud800"` escapes), which cannot be encoded as UTF-8:
-      replaced by '?';
+    - control characters and lone surrogates: `clean_text` (C0 but tab and newline, DEL,
+      C1, surrogates -> U+FFFD; carriage returns -> newlines);
     - chat control tokens such as `<|im_end|>`, which would close the message early and
       be tokenised as specials: rewritten as `< |im_end| >`;
     - `<tool_response>` / `</tool_response>`, which would fake the frame: rewritten as
       `&lt;tool_response&gt;`.
     """
-    if not text.isascii():
-        text = text.encode("utf-8", "replace").decode("utf-8")
+    text = clean_text(text)
     if "<" in text:
         text = _CHAT_CONTROL_TOKEN.sub(r"< |\1| >", text)
         text = _RESPONSE_TAG.sub(r"&lt;\1&gt;", text)

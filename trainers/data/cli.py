@@ -12,9 +12,13 @@
 Every stage command prints its report and writes it as JSON next to the output
 (`OUT.jsonl.report.json`, or --report PATH). Stage commands other than convert read
 Trajectory JSONL. Options are the `PipelineConfig` fields (`--config FILE.json` loads them;
-flags given on the command line win). A malformed input line stops the command with
-"file:line: why" (exit status 1) unless --skip-bad is given; skipped lines are listed in
-the report. A judge failure stops it too unless --on-judge-error keep.
+flags given on the command line win). Inputs are UTF-8 (or UTF-16 with a byte-order mark),
+decoded line by line. A malformed input line (undecodable, not JSON, nested too deeply,
+a lone surrogate, a record of the wrong shape) stops the command with "file:line: why"
+(exit status 1) unless --skip-bad is given; skipped lines are listed in the report. A judge
+failure stops it too unless --on-judge-error keep. Outputs are written under temporary
+names and renamed when complete: a failed run leaves no half-written output (see
+docs/failure_behaviour.md).
 """
 
 from __future__ import annotations
@@ -59,10 +63,21 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, type=_SCALAR_TYPES[annotation], **common)
 
 
+def _read_json_file(path: str, what: str) -> dict[str, Any]:
+    """A JSON object from a file; any decoding or parsing problem is a ValueError naming it."""
+    try:
+        value = json.loads(Path(path).read_bytes().decode("utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{path} is not a {what} (UTF-8 JSON): {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} is not a {what}: expected a JSON object")
+    return value
+
+
 def _config_from(args: argparse.Namespace) -> PipelineConfig:
     values: dict[str, Any] = {}
     if args.config:
-        values.update(json.loads(Path(args.config).read_text(encoding="utf-8")))
+        values.update(_read_json_file(args.config, "pipeline config"))
     for config_field in dataclasses.fields(PipelineConfig):
         if hasattr(args, config_field.name):
             values[config_field.name] = getattr(args, config_field.name)
@@ -118,8 +133,8 @@ def _run(args: argparse.Namespace) -> int:
     config = _config_from(args)
     if command == "report":
         if len(args.paths) == 1 and args.paths[0].endswith(".json"):
-            saved = json.loads(Path(args.paths[0]).read_text(encoding="utf-8"))
-            if not isinstance(saved, dict) or not {"stages", "inputs", "bad_lines"} <= set(saved):
+            saved = _read_json_file(args.paths[0], "pipeline report")
+            if not {"stages", "inputs", "bad_lines"} <= set(saved):
                 raise ValueError(f"{args.paths[0]} is not a pipeline report (report.json)")
             print(json.dumps(saved, indent=2) if args.json else render_text(saved), end="\n")
             return 0
@@ -142,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _run(args)
-    except (DataFormatError, JudgeError, ValueError) as e:
+    except (DataFormatError, JudgeError, ValueError, OSError) as e:
+        # OSError: a missing or unreadable input, an output directory that cannot be made.
         print(f"venus-gym data {args.data_command}: error: {e}", file=sys.stderr)
         return 1
 

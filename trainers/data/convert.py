@@ -16,9 +16,11 @@ prompt (`venus_gym.protocol.render_system_prompt`, offering exactly the tools th
 keeps), the question as the user message, then assistant turns each answered by a user
 `<tool_response>` message; `turns` are annotated with `parse_turn`.
 
-A line that is not JSON, or a record that cannot be converted, raises `DataFormatError`
-naming file:line; with `skip_bad` it is appended to a `bad_lines` list instead (and shows up
-in the report). Nothing is dropped silently.
+A line that cannot be decoded or is not JSON, or a record that cannot be converted, raises
+`DataFormatError` naming file:line; with `skip_bad` it is appended to a `bad_lines` list
+instead (and shows up in the report). Nothing is dropped or coerced silently: wrong types
+are refused with a reason, except gold answers, whose rule (`_gold_answers`) converts
+numbers and drops nulls with a count; duplicate ids are kept and counted.
 
 This module also holds the small schema helpers the later stages share (turn counting,
 lenient tool-call and answer extraction, rebuilding a trajectory after messages change).
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -141,9 +144,11 @@ def with_messages(trajectory: Trajectory, messages: list[dict[str, Any]],
 
 
 # --- DR-Venus / OpenAI-style records -------------------------------------------------------
-def _text(value: Any, where: str) -> str:
+def _text(value: Any, where: str, null_ok: bool = False) -> str:
     if value is None:
-        return ""
+        if null_ok:
+            return ""
+        raise ConversionError(f"{where}: content is null")
     if isinstance(value, str):
         return value
     if isinstance(value, list):  # OpenAI content parts: [{"type": "text", "text": ...}]
@@ -169,17 +174,23 @@ def _openai_tool_call(call: Any, where: str) -> str:
 
 
 def _assistant_content(message: dict[str, Any], where: str, counters: Counter[str]) -> str:
-    content = _text(message.get("content"), where).strip()
+    # Null content is the OpenAI form of a turn that only calls a tool or only reasons; a
+    # turn left with nothing at all is refused below, never written as an empty turn.
+    content = _text(message.get("content"), where, null_ok=True).strip()
     reasoning = message.get("reasoning_content")
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise ConversionError(f"{where}: reasoning_content must be a string, got "
+                              f"{_json_type(reasoning)}")
     if isinstance(reasoning, str) and reasoning.strip() and "<think>" not in content:
         content = "\n".join(filter(None, [f"<think>\n{reasoning.strip()}\n</think>", content]))
         counters["reasoning_content_converted"] += 1
     if "</think>" in content and "<think>" not in content:
         content = "<think>\n" + content
         counters["think_tags_restored"] += 1
-    calls = message.get("tool_calls") or []
+    calls = message.get("tool_calls")
+    calls = [] if calls is None else calls
     if not isinstance(calls, list):
-        raise ConversionError(f"{where}: tool_calls must be a list")
+        raise ConversionError(f"{where}: tool_calls must be a list, got {_json_type(calls)}")
     if len(calls) > 1:
         raise ConversionError(f"{where}: {len(calls)} tool calls in one assistant message; the "
                               "protocol allows one per turn")
@@ -188,6 +199,9 @@ def _assistant_content(message: dict[str, Any], where: str, counters: Counter[st
             raise ConversionError(f"{where}: both a tool_calls field and a <tool_call> block")
         content = "\n".join(filter(None, [content, _openai_tool_call(calls[0], where)]))
         counters["openai_tool_calls_converted"] += 1
+    if not content:
+        raise ConversionError(f"{where}: an assistant message with no content and no tool "
+                              "call (it would train an empty turn)")
     return content
 
 
@@ -199,16 +213,67 @@ def _as_tool_response(content: str, counters: Counter[str], key: str) -> str:
     return format_tool_response(stripped)
 
 
-def _gold_answers(record: dict[str, Any]) -> list[str]:
-    for key in ("answers", "answer", "ground_truth", "gold"):
+_ANSWER_KEYS = ("answers", "answer", "ground_truth", "gold")
+
+
+def _json_type(value: Any) -> str:
+    """JSON's name for a decoded value's type (for reasons in the report)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def _gold_answers(record: dict[str, Any], counters: Counter[str]) -> list[str]:
+    """The gold answers of a record, by a fixed rule (docs/failure_behaviour.md).
+
+    The first of "answers", "answer", "ground_truth", "gold" that is present and not
+    null, "" or [] is the answer field; none of them gives [] (the filter stage drops such
+    a trajectory as "no gold answer", or keeps it with judge 'none'). The field is a string
+    or a list of them. A number or boolean becomes its JSON text (42 -> "42", true ->
+    "true") and is counted in `answers_coerced_to_string`; null, NaN, infinities, arrays
+    and objects inside a list are dropped and counted in `answers_dropped`. A field that
+    leaves no answer at all, or that is an object, refuses the record.
+    """
+    for key in _ANSWER_KEYS:
         value = record.get(key)
-        if isinstance(value, str) and value.strip():
-            return [value]
-        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-            return list(value)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return [str(value)]
+        if value is None or value == "" or value == []:
+            continue
+        values = value if isinstance(value, list) else [value]
+        answers: list[str] = []
+        dropped = coerced = 0
+        for item in values:
+            if isinstance(item, str):
+                answers.append(item)
+            elif isinstance(item, bool | int) or (isinstance(item, float)
+                                                   and math.isfinite(item)):
+                answers.append(json.dumps(item))
+                coerced += 1
+            else:
+                dropped += 1
+        if isinstance(value, dict) or not answers:
+            shown = ", ".join(sorted({_json_type(v) for v in values}))
+            raise ConversionError(f"{key!r} holds no usable answer (got {shown}); gold "
+                                  "answers are strings (numbers are converted)")
+        if coerced:
+            counters["answers_coerced_to_string"] += coerced
+        if dropped:
+            counters["answers_dropped"] += dropped
+        return answers
     return []
+
+
+def _record_id(record: dict[str, Any], key: str) -> str | None:
+    """A string or integer id as text; None when absent or null; other types are refused."""
+    value = record.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise ConversionError(f"{key!r} must be a string or an integer, got {_json_type(value)}")
 
 
 def convert_drvenus_record(record: dict[str, Any], fallback_id: str, tools: Sequence[str],
@@ -242,7 +307,8 @@ def convert_drvenus_record(record: dict[str, Any], fallback_id: str, tools: Sequ
         if role == "system":
             if messages or question_message is not None:
                 raise ConversionError(f"{where}: a system message after the conversation began")
-            found = _DATE_LINE.search(_text(message.get("content"), where))
+            # Null is accepted here: the source system prompt is replaced by ours anyway.
+            found = _DATE_LINE.search(_text(message.get("content"), where, null_ok=True))
             source_date = found.group(1).strip() if found else None
         elif role == "user" and question_message is None:
             question_message = _text(message.get("content"), where).strip()
@@ -271,17 +337,25 @@ def convert_drvenus_record(record: dict[str, Any], fallback_id: str, tools: Sequ
     system = render_system_prompt(tools, date) if date else render_system_prompt(tools)
     full = [{"role": "system", "content": system}, {"role": "user", "content": question_message},
             *messages]
-    record_id = record.get("id", record.get("task_id"))
+    task_id = _record_id(record, "task_id")
+    record_id = _record_id(record, "id")
+    if record_id is None:
+        record_id = task_id
+    if record_id is None:
+        record_id = fallback_id
+        counters["ids_from_file_and_line"] += 1
     question = record.get("question")
+    if question is not None and not isinstance(question, str):
+        raise ConversionError(f"'question' must be a string, got {_json_type(question)}")
     metadata: dict[str, Any] = {"source_format": "drvenus"}
     if isinstance(record.get("prediction"), str):
         metadata["source_prediction"] = record["prediction"]
     return Trajectory(
-        id=str(record_id) if isinstance(record_id, str | int) else fallback_id,
+        id=record_id,
         messages=full,
-        task_id=str(record.get("task_id", "")),
+        task_id=task_id or "",
         question=question if isinstance(question, str) and question.strip() else question_message,
-        answers=_gold_answers(record),
+        answers=_gold_answers(record, counters),
         turns=annotate_turns(full, tools),
         metadata=metadata,
     )
@@ -311,24 +385,37 @@ def _report_bad(message: str, skip_bad: bool, bad_lines: list[str] | None) -> No
         bad_lines.append(message)
 
 
+#: Exceptions a conversion may raise on hostile input; each becomes a bad line, not a crash.
+_RECORD_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError)
+#: Duplicate ids listed one by one in the report; the count covers all of them.
+MAX_LISTED_DUPLICATES = 20
+
+
 def read_inputs(paths: Iterable[str | Path], tools: Sequence[str] = DEFAULT_TOOLS,
                 input_format: str = "auto", prompt_date: str | None = None,
                 skip_bad: bool = False, bad_lines: list[str] | None = None,
-                counters: Counter[str] | None = None) -> Iterator[Trajectory]:
+                counters: Counter[str] | None = None,
+                duplicates: list[str] | None = None) -> Iterator[Trajectory]:
     """Stream trajectories from JSONL files in either input format (module docstring).
 
     Args:
-        paths: input JSONL files, read in order.
+        paths: input JSONL files, read in order (UTF-8, or UTF-16 by byte-order mark:
+            `venus_gym.corpus.iter_lines`).
         tools: tools kept by the pipeline (our system prompt offers exactly these).
         input_format: "auto" (per record, `detect_format`), "drvenus" or "trajectory".
         prompt_date: see `convert_drvenus_record`.
         skip_bad: skip bad lines (appending "file:line: why" to `bad_lines`) instead of
             raising DataFormatError.
-        counters: receives per-format record counts and conversion repair counts.
+        counters: receives per-format record counts, conversion repair counts and
+            `duplicate_ids_kept`.
+        duplicates: receives "file:line: duplicate id ..." for the first
+            MAX_LISTED_DUPLICATES trajectories whose id an earlier one already had. They
+            are kept (several trajectories of one question are legitimate), only counted.
     """
     if input_format not in INPUT_FORMATS:
         raise ValueError(f"unknown input format {input_format!r}; one of {list(INPUT_FORMATS)}")
     counters = counters if counters is not None else Counter()
+    first_seen: dict[str, str] = {}
     for path in paths:
         for lineno, record in read_jsonl(path, skip_bad=skip_bad, errors=bad_lines):
             kind = detect_format(record) if input_format == "auto" else input_format
@@ -339,17 +426,16 @@ def read_inputs(paths: Iterable[str | Path], tools: Sequence[str] = DEFAULT_TOOL
                 else:
                     trajectory = convert_drvenus_record(
                         record, f"{Path(path).stem}-{lineno}", tools, prompt_date, counters)
-            except ValueError as e:
-                _report_bad(f"{path}:{lineno}: {e}", skip_bad, bad_lines)
+            except _RECORD_ERRORS as e:
+                why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+                _report_bad(f"{path}:{lineno}: {why}", skip_bad, bad_lines)
                 continue
             counters[f"records_{kind}"] += 1
+            where = f"{path}:{lineno}"
+            first = first_seen.setdefault(trajectory.id, where)
+            if first != where:
+                counters["duplicate_ids_kept"] += 1
+                if duplicates is not None and len(duplicates) < MAX_LISTED_DUPLICATES:
+                    duplicates.append(f"{where}: duplicate id {trajectory.id!r} (first at "
+                                      f"{first}); kept")
             yield trajectory
-
-
-def count_lines(paths: Iterable[str | Path]) -> int:
-    """Non-blank lines over all files: the total for a progress bar (one cheap pass)."""
-    total = 0
-    for path in paths:
-        with open(path, "rb") as f:
-            total += sum(1 for line in f if line.strip())
-    return total

@@ -20,8 +20,10 @@ Where we deviate from DR-Venus and why
 from __future__ import annotations
 
 import dataclasses
-import json
+import os
+import shutil
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,11 +33,12 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 from trainers.data.clean import dedup_stream, prune_stream
-from trainers.data.convert import INPUT_FORMATS, count_lines, count_turns, read_inputs
+from trainers.data.convert import INPUT_FORMATS, count_turns, read_inputs
 from trainers.data.judge import FilterTally, Judge, LLMJudge, MetricJudge, filter_stream
 from trainers.data.report import DEFAULT_HISTOGRAM_EDGES, PipelineReport, StageReport, TurnHistogram
 from trainers.data.resample import TurnWeights, resample_stream
 from trainers.trajectory import Trajectory, Turn
+from venus_gym.corpus import atomic_output, count_lines, json_line
 from venus_gym.protocol import DEFAULT_TOOLS, render_system_prompt
 
 STAGES: tuple[str, ...] = ("convert", "prune", "dedup", "filter", "resample")
@@ -114,7 +117,10 @@ class PipelineConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown pipeline config field(s) {unknown}; known: {sorted(known)}")
-        return cls(**data)
+        try:
+            return cls(**data)
+        except TypeError as e:  # a wrong type in a config file: name it, no traceback
+            raise ValueError(f"pipeline config: {e}") from None
 
     @classmethod
     def help(cls) -> str:
@@ -149,15 +155,28 @@ def trajectory_record(trajectory: Trajectory) -> dict[str, Any]:
 
 
 class _JsonlWriter:
+    """Writes one stage's output under a temporary name; `commit` renames it into place."""
+
     def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.file: TextIO = path.open("w", encoding="utf-8")
+        self.path = path
+        self._output = atomic_output(path)
+        self.temporary = self._output.__enter__()
+        self.file: TextIO = self.temporary.open("w", encoding="utf-8")
 
     def write(self, trajectory: Trajectory) -> None:
-        self.file.write(json.dumps(trajectory_record(trajectory), ensure_ascii=False) + "\n")
+        self.file.write(json_line(trajectory_record(trajectory)))
 
-    def close(self) -> None:
+    def commit(self) -> None:
         self.file.close()
+        self._output.__exit__(None, None, None)
+
+    def discard(self, error: BaseException) -> None:
+        self.file.close()
+        try:
+            self._output.__exit__(type(error), error, error.__traceback__)
+        except BaseException as raised:  # atomic_output re-raises the error it was given
+            if raised is not error:
+                raise
 
 
 def _observed(stream: Iterable[Trajectory], stage: StageReport, writer: _JsonlWriter | None
@@ -202,8 +221,9 @@ def run_stages(inputs: Sequence[str | Path], stages: Sequence[str],
     first.inputs = total_lines
     fmt = input_format or (config.input_format if "convert" in stages else "trajectory")
     repairs: Counter[str] = Counter()
+    duplicates: list[str] = []
     records = read_inputs(inputs, config.tools, fmt, config.prompt_date, config.skip_bad,
-                          report.bad_lines, repairs)
+                          report.bad_lines, repairs, duplicates)
     progress = tqdm(records, total=total_lines, desc="data", unit="record",
                     disable=not config.progress, leave=False)
     writers: list[_JsonlWriter] = []
@@ -227,14 +247,20 @@ def run_stages(inputs: Sequence[str | Path], stages: Sequence[str],
     try:
         for _ in stream:
             pass
+    except BaseException as error:
+        # Nothing half-written: outputs appear only once every stage has run to the end.
+        for writer in writers:
+            writer.discard(error)
+        raise
     finally:
         progress.close()
-        for writer in writers:
-            writer.close()
+    for writer in writers:
+        writer.commit()
     report.seconds = time.perf_counter() - started
     for finish in finishers:
         finish()
     first.counts.update(repairs)
+    first.notes.extend(duplicates)
     first.removed["bad line, skipped"] = len(report.bad_lines)
     for previous, stage in zip(report.stages, report.stages[1:]):
         stage.inputs = previous.outputs
@@ -292,11 +318,34 @@ def _stage_stream(name: str, stream: Iterable[Trajectory], stage: StageReport,
 
 def run_pipeline(inputs: Sequence[str | Path], out_dir: str | Path,
                  config: PipelineConfig | None = None) -> PipelineReport:
-    """Run every stage (module docstring); returns the report it also writes to out_dir."""
+    """Run every stage (module docstring); returns the report it also writes to out_dir.
+
+    Nothing half-written is ever left in `out_dir`: a new directory is built under a
+    temporary name next to it (`.NAME.tmp-*`) and renamed when complete; into an existing
+    directory every file is written under a temporary name and renamed when its stage
+    completes, report.json last, so a report.json describes complete files.
+    """
     config = config or PipelineConfig()
     out_dir = Path(out_dir)
     names = STAGES if config.write_intermediate else STAGES[-1:]
-    outputs = {name: out_dir / OUTPUT_NAMES[name] for name in names}
-    report = run_stages(inputs, STAGES, outputs, config)
-    report.write(out_dir / "report.json", out_dir / "report.txt")
+    if out_dir.exists():
+        outputs = {name: out_dir / OUTPUT_NAMES[name] for name in names}
+        report = run_stages(inputs, STAGES, outputs, config)
+        report.write(out_dir / "report.json", out_dir / "report.txt")
+        return report
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Not mkdtemp: its mode 0700 would survive the rename.
+    staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        outputs = {name: staging / OUTPUT_NAMES[name] for name in names}
+        report = run_stages(inputs, STAGES, outputs, config)
+        for stage in report.stages:  # the report names the final paths
+            if stage.output_path is not None:
+                stage.output_path = str(out_dir / Path(stage.output_path).name)
+        report.write(staging / "report.json", staging / "report.txt")
+        os.rename(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return report

@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from venus_gym.corpus import atomic_output
+
 DEFAULT_HISTOGRAM_EDGES: tuple[int, ...] = (10, 20, 50, 100, 150, 200)
 
 
@@ -125,12 +127,19 @@ class PipelineReport:
                 "turns_after": self.turns_after.to_json() if self.stages else None}
 
     def write(self, json_path: str | Path, text_path: str | Path | None = None) -> None:
-        json_path = Path(json_path)
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n",
-                             encoding="utf-8")
+        """Write report.json (and report.txt), each under a temporary name then renamed;
+        the text one first, so a complete report.json means both are written."""
         if text_path is not None:
-            Path(text_path).write_text(self.to_text(), encoding="utf-8")
+            with atomic_output(text_path) as temporary:
+                # backslashreplace: a file name that is not valid UTF-8 must not stop the report.
+                temporary.write_text(self.to_text(), encoding="utf-8", errors="backslashreplace")
+        text = json.dumps(self.to_json(), indent=2, ensure_ascii=False)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # e.g. a file name that is not valid UTF-8: escape it
+            text = json.dumps(self.to_json(), indent=2)
+        with atomic_output(json_path) as temporary:
+            temporary.write_text(text + "\n", encoding="utf-8")
 
     def to_text(self) -> str:
         return render_text(self.to_json())

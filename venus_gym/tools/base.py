@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from venus_gym.corpus import Corpus, Page
+from venus_gym.protocol import clean_text
 
 
 @dataclass(frozen=True)
@@ -73,13 +74,28 @@ class Summarizer(Protocol):
 
 
 class CorpusPageStore:
-    """A PageStore over an in-memory Corpus (the usual store for a local world)."""
+    """A PageStore over an in-memory Corpus (the usual store for a local world).
+
+    A url holding control characters is shown to the agent, and handed back by the
+    toolbox, in its cleaned form (`venus_gym.protocol.clean_text`); such pages are found
+    under that form too.
+    """
 
     def __init__(self, corpus: Corpus):
         self.corpus = corpus
+        self._by_clean_url: dict[str, Page] | None = None
 
     def fetch(self, url: str) -> Page | None:
-        return self.corpus.get(url)
+        page = self.corpus.get(url)
+        if page is None and ("\ufffd" in url or "\n" in url):
+            if self._by_clean_url is None:  # built once, from the few unclean urls only
+                self._by_clean_url = {}
+                for candidate in self.corpus:
+                    cleaned = clean_text(candidate.url)
+                    if cleaned != candidate.url:
+                        self._by_clean_url.setdefault(cleaned, candidate)
+            page = self._by_clean_url.get(url)
+        return page
 
 
 class ChainedPageStore:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -56,6 +57,7 @@ _MAX_EXACT_CHARS = 300
 # Bump when the schema or analyzer changes, so stale on-disk indexes are rebuilt.
 _FORMAT_VERSION = 1
 _MARKER = "venus_index.json"
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # Common-word pruning never applies to words in at most this many pages: their postings
 # cost microseconds, so ignoring them would change rankings for no speed gain.
 _MIN_COMMON_DF = 1000
@@ -215,6 +217,8 @@ class LocalSearchIndex:
 
     def _query(self, query: str) -> tantivy.Query | None:
         schema = self._schema
+        if not query.isascii():  # a lone surrogate cannot cross into tantivy (UTF-8)
+            query = _LONE_SURROGATE.sub("\ufffd", query)
         clauses = []
         terms = list(dict.fromkeys(self._analyzer.analyze(query)))[: self.max_query_terms]
         text_terms = terms

@@ -117,21 +117,60 @@ class RetrievalServerBackend:
             return self._pages.get(url)
 
 
+def _request_topk(value: Any, default: int, max_topk: int) -> int:
+    """Search-R1's rule: topk missing, null or 0 means the server's default; otherwise a
+    positive integer (or its decimal string), capped at max_topk."""
+    if value is None or value == 0 and not isinstance(value, bool):
+        return default
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"'topk' must be a positive integer, null or 0 (the default "
+                         f"{default}), got {json.dumps(value)}")
+    return default if value == 0 else min(value, max_topk)
+
+
+def _request_flag(value: Any, name: str) -> bool:
+    """A boolean request field: true/false, or the strings "true"/"false"; null means false."""
+    if value is None:
+        return False
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"{name!r} must be true or false, got {json.dumps(value)}")
+
+
 def serve_index(index: LocalSearchIndex, host: str = "127.0.0.1", port: int = 0,
-                max_topk: int = 100) -> tuple[ThreadingHTTPServer, threading.Thread, str]:
+                max_topk: int = 100, default_topk: int = 3
+                ) -> tuple[ThreadingHTTPServer, threading.Thread, str]:
     """Serve `index` over the retrieval-server protocol from a background thread.
 
     Returns (server, thread, base_url); port 0 picks a free port. Stop with
     `server.shutdown(); server.server_close()`. Documents carry "url" and "snippet", so a
     `RetrievalServerBackend` pointed at it returns exactly the hits of `index.search`.
+
+    Requests are checked before any search: "queries" a string or a list of strings;
+    "topk" missing, null or 0 gives `default_topk` (as Search-R1's server does), else a
+    positive integer capped at `max_topk`; "return_scores" true/false or "true"/"false"
+    (null: false). Anything else is answered HTTP 400 with the reason. A query holding a
+    lone surrogate (a `"\\ud800"` escape) is searched with U+FFFD in its place.
     """
+    if not 1 <= default_topk <= max_topk:
+        raise ValueError(f"default_topk must be in [1, max_topk={max_topk}], got {default_topk}")
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
             pass
 
         def _send(self, status: int, payload: Any) -> None:
-            body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+            text = json.dumps(payload, ensure_ascii=False)
+            try:
+                body = text.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate: send it as its JSON escape
+                body = json.dumps(payload).encode("ascii")
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -145,14 +184,16 @@ def serve_index(index: LocalSearchIndex, host: str = "127.0.0.1", port: int = 0,
             try:
                 length = int(self.headers.get("Content-Length") or 0)
                 request = json.loads(self.rfile.read(length) or b"null")
+                if not isinstance(request, dict):
+                    raise ValueError("the body must be a JSON object")
                 queries = request.get("queries", request.get("query"))
                 if isinstance(queries, str):
                     queries = [queries]
                 if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
                     raise ValueError("'queries' must be a list of strings")
-                topk = max(1, min(int(request.get("topk", 3)), max_topk))
-                with_scores = bool(request.get("return_scores", False))
-            except (ValueError, TypeError, AttributeError) as e:
+                topk = _request_topk(request.get("topk"), default_topk, max_topk)
+                with_scores = _request_flag(request.get("return_scores"), "return_scores")
+            except (ValueError, TypeError, RecursionError) as e:
                 self._send(400, {"error": f"bad request: {e}"})
                 return
             result = []

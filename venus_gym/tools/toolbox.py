@@ -11,6 +11,11 @@ Deviation from DR-Venus: the public code lets a search call carry any number of 
 a visit any number of urls; we cap both (`max_queries`, `max_urls`), run the first ones and
 say so in the observation, so one turn cannot stall a batched rollout.
 
+Queries, urls and goals are passed through `venus_gym.protocol.clean_text` before any
+backend sees them: a query holding a lone surrogate (a `"\\ud800"` JSON escape) or a
+control character is searched with U+FFFD in its place, not refused by an encoder deep in
+a backend and reported to the agent as a tool failure.
+
 Cost: with the local backends and `timeout_s=None` a call is plain function calls; a
 worker thread per backend call is only started when a timeout is set (remote backends).
 """
@@ -22,6 +27,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from venus_gym.protocol import clean_text
 
 from .base import PageStore, PageSummary, SearchBackend, SearchHit, Summarizer, ToolBackendError
 
@@ -83,9 +90,9 @@ def _invalid(tool: str, problem: str) -> ToolOutcome:
 def _string_list(value: Any) -> list[str] | None:
     # Models often send a bare string where the schema asks for an array; accept it.
     if isinstance(value, str):
-        return [value]
+        return [clean_text(value)]
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        return value
+        return [clean_text(v) for v in value]
     return None
 
 
@@ -171,6 +178,7 @@ class Toolbox:
             return _invalid("visit", "'url' must be a non-empty list of url strings.")
         if not isinstance(goal, str):
             return _invalid("visit", "'goal' must be a string saying what to look for.")
+        goal = clean_text(goal)
         run, note = self._limit(checked, self.max_urls, "urls")
         sections, read, errors = [], [], []
         for url in run:

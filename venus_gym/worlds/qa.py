@@ -8,8 +8,8 @@ see ``venus_gym/data/README.md``), one question per line:
 
 The corpus is every paragraph of every question, deduplicated by (title, text). Each page
 gets a Wikipedia-style url built from its title; when different texts share a title (the
-same article in two dataset versions) the later ones get ``#2``, ``#3``... in file order, so
-urls are unique and stable. A task's ``gold_urls`` are its supporting paragraphs: in the
+same article in two dataset versions, or titles such as "A B" and "A_B") the later ones
+get ``#2``, ``#3``... in file order, so urls are unique and stable. A task's ``gold_urls`` are its supporting paragraphs: in the
 order of MuSiQue's ``question_decomposition`` or 2Wiki's ``supporting_facts`` when the
 record has them, else in paragraph order. Its ``gold_path`` has one step per supporting
 paragraph for the oracle agent; a step's ``value`` is the intermediate answer where the
@@ -31,7 +31,10 @@ SNIPPET_CHARS = 200
 # Characters that would change a url's meaning (fragment, query, escape) or break it.
 # Parentheses stay, as in Wikipedia's own urls ("Shirley_Temple_(film)").
 _URL_ESCAPES = str.maketrans({"%": "%25", "#": "%23", "?": "%3F", '"': "%22", "<": "%3C",
-                              ">": "%3E", "\\": "%5C", "[": "%5B", "]": "%5D"})
+                              ">": "%3E", "\\": "%5C", "[": "%5B", "]": "%5D",
+                              # control characters: observations would show them as U+FFFD
+                              **{chr(c): f"%{c:02X}" for c in (*range(0x20), 0x7F)},
+                              **{chr(c): "%C2%" + f"{c:02X}" for c in range(0x80, 0xA0)}})
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 _STEP_REFERENCE = re.compile(r"#(\d+)")
 
@@ -60,6 +63,12 @@ def load_qa_world(path: str | Path, name: str | None = None, skip_bad: bool = Fa
         skip_bad: skip malformed lines instead of raising; each skipped line is listed,
             as "file:line: reason", in ``world.meta["skipped"]``.
 
+    Lines are read by `venus_gym.corpus.read_jsonl`: UTF-8 (or UTF-16 with a byte-order
+    mark), decoded line by line; an undecodable line, invalid JSON, nesting deeper than
+    `MAX_JSON_DEPTH`, a lone surrogate, a field of the wrong type (answers must be
+    non-blank strings: nothing is converted) and a repeated id are all malformed lines.
+    Every non-blank line is either a task or listed in ``meta["skipped"]``.
+
     Raises:
         DataFormatError: a malformed line (message names file and line), unless skip_bad.
         FileNotFoundError: no such file.
@@ -75,13 +84,18 @@ def load_qa_world(path: str | Path, name: str | None = None, skip_bad: bool = Fa
         try:
             # Environments select tasks by id, so ids must be unique; a record without one
             # is named after its file and line.
-            task_id = str(record.get("id") or f"{path.stem}:{lineno}")
+            raw_id = record.get("id")
+            if raw_id is not None and (isinstance(raw_id, bool)
+                                       or not isinstance(raw_id, str | int)):
+                raise ValueError(f"'id' must be a string or an integer, got "
+                                 f"{type(raw_id).__name__}")
+            task_id = str(raw_id) if raw_id not in (None, "") else f"{path.stem}:{lineno}"
             if task_id in first_line_of_id:
                 raise ValueError(f"duplicate id {task_id!r} (first on line "
                                  f"{first_line_of_id[task_id]})")
             tasks.append(_task_from_record({**record, "id": task_id}, builder))
             first_line_of_id[task_id] = lineno
-        except (ValueError, TypeError, KeyError) as e:
+        except (ValueError, TypeError, KeyError, IndexError, RecursionError) as e:
             message = f"{path}:{lineno}: {e}"
             if not skip_bad:
                 raise DataFormatError(message) from None
@@ -97,15 +111,17 @@ class _CorpusBuilder:
     def __init__(self) -> None:
         self.pages: list[Page] = []
         self._url_of: dict[tuple[str, str], str] = {}
-        self._texts_per_title: dict[str, int] = {}
+        self._texts_per_url: dict[str, int] = {}
 
     def add(self, title: str, text: str) -> str:
         key = (title, text)
         url = self._url_of.get(key)
         if url is None:
-            n = self._texts_per_title.get(title, 0) + 1
-            self._texts_per_title[title] = n
-            url = title_url(title) + (f"#{n}" if n > 1 else "")
+            # Counted per url, not per title: "A B" and "A_B" (or " A") share one url.
+            base = title_url(title)
+            n = self._texts_per_url.get(base, 0) + 1
+            self._texts_per_url[base] = n
+            url = base + (f"#{n}" if n > 1 else "")
             self._url_of[key] = url
             self.pages.append(Page(url=url, title=title, text=text, snippet=make_snippet(text)))
         return url
@@ -122,9 +138,14 @@ def _task_from_record(record: dict[str, Any], builder: _CorpusBuilder) -> Task:
     paragraphs = record.get("paragraphs")
     if not isinstance(paragraphs, list) or not paragraphs:
         raise ValueError("'paragraphs' must be a non-empty list")
-    meta = record.get("meta") or {}
+    meta = record.get("meta")
+    meta = {} if meta is None else meta
     if not isinstance(meta, dict):
         raise ValueError("'meta' must be an object")
+    source = record.get("source")
+    source = "" if source is None else source
+    if not isinstance(source, str):
+        raise ValueError("'source' must be a string")
 
     urls, titles, texts, supporting = [], [], [], []
     for i, p in enumerate(paragraphs):
@@ -152,7 +173,7 @@ def _task_from_record(record: dict[str, Any], builder: _CorpusBuilder) -> Task:
                           "value": value})
     return Task(id=str(record.get("id", "")), question=question.strip(), answers=tuple(answers),
                 hops=len(gold_path), gold_urls=tuple(step["url"] for step in gold_path),
-                gold_path=tuple(gold_path), source=str(record.get("source", "")), meta=meta)
+                gold_path=tuple(gold_path), source=source, meta=meta)
 
 
 def _ordered_steps(supporting: list[int], titles: list[str], meta: dict[str, Any]
