@@ -13,7 +13,10 @@ Exact resume. The rows of every epoch are a pure function of (seed, epoch) and a
 rows a pure function of the step number, so a checkpoint needs only the step besides the
 model, optimizer, scheduler and RNG states (python, numpy, torch); resuming replays the
 same batches in the same order and matches an uninterrupted run step for step (bitwise on
-the same machine and thread count, as tested).
+the same machine and thread count, as tested). Checkpoints are atomic (written to a scratch
+directory, fsynced, renamed: trainers.checkpoint_files), and loading one drops the
+metrics.jsonl lines of the steps that run again, so a run killed at any point resumes with
+every step logged once.
 
 Where we deviate from DR-Venus and why
 * No separate learning-rate floor or batch-size schedule; warm-up + cosine as in the paper.
