@@ -78,6 +78,41 @@ def test_resume_matches_uninterrupted_run(tokenizer, tmp_path):
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4, 5, 6]
 
 
+def test_resume_after_a_kill_ignores_a_partial_checkpoint_and_replayed_metrics(
+        tokenizer, tmp_path):
+    """A run killed after step 5 (checkpoints at 2 and 4, metrics up to 5, a torn metrics
+    line and a scratch directory of a save cut short) resumes from checkpoint 4: the
+    scratch directory is never taken for a checkpoint and is removed, steps 5-6 run again
+    and are logged once, and the run ends as the uninterrupted one."""
+    samples = make_samples(len(tokenizer))
+    full = make_trainer(tokenizer, tmp_path / "full", samples, save_every=2)
+    full.train()
+    killed = make_trainer(tokenizer, tmp_path / "part", samples, save_every=2)
+    killed.train(max_steps=5)
+    scratch = tmp_path / "part" / ".checkpoint-0000006.tmp-1-abcd"
+    scratch.mkdir()
+    (scratch / "trainer_state.pt").write_bytes(b"torn")  # a torch.save cut short
+    with (tmp_path / "part" / "metrics.jsonl").open("a") as handle:
+        handle.write('{"step": 6, "lo')
+    checkpoint = latest_checkpoint(tmp_path / "part")
+    assert checkpoint.name == "checkpoint-0000004"
+    resumed = make_trainer(tokenizer, tmp_path / "part", samples, save_every=2)
+    with pytest.warns(RuntimeWarning, match="unreadable last line"):
+        resumed.load_checkpoint(checkpoint)
+    resumed.train()
+    assert not scratch.exists()
+    expected, actual = parameters(full), parameters(resumed)
+    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+    rows = [json.loads(line) for line in
+            (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
+    reference = [json.loads(line) for line in
+                 (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    timing = {"tokens_per_s", "step_time_s"}
+    assert [{k: v for k, v in row.items() if k not in timing} for row in rows] == \
+        [{k: v for k, v in row.items() if k not in timing} for row in reference]
+    assert latest_checkpoint(tmp_path / "part").name == "checkpoint-0000006"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device "
                     "(benchmarks/gpu_checks.sh runs it on a GPU machine)")
 def test_resume_on_a_gpu_matches_uninterrupted_run(tokenizer, tmp_path):

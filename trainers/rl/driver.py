@@ -25,7 +25,10 @@ compares them bit for bit).
 
 Fault tolerance. Each rollout worker has one group in flight. When a worker dies its group
 runs on another (or on a replacement that first gets the current weights), so no group is
-lost or counted twice (WorkerGroup.map; tested by killing an actor).
+lost or counted twice (WorkerGroup.map; tested by killing an actor). A learner that dies
+stops the run at once with a message naming it and the last complete checkpoint; nothing
+is saved (learner_died_message). Checkpoints are atomic, so a driver killed at any point
+resumes (run.resume: latest) from the newest complete one exactly.
 
 Where we deviate from DR-Venus / verl and why
 * Synchronous (on-policy) steps: rollouts use the weights of the previous update. Async
@@ -46,11 +49,11 @@ from typing import Any
 import torch
 
 from trainers.batch import RolloutBatch, collate, record_from_trajectory
-from trainers.rl.checkpoint import resume, save_checkpoint
+from trainers.rl.checkpoint import latest_rl_checkpoint, resume, save_checkpoint
 from trainers.rl.config import LearnerConfig, RLConfig, rl_config_to_dict
 from trainers.rl.held_out import EvalPolicy
 from trainers.rl.metrics import dumps_json, rollout_drift
-from trainers.rl.worker_group import WorkerGroup, WorkerSpec, backend_for
+from trainers.rl.worker_group import WorkerDied, WorkerGroup, WorkerSpec, backend_for
 from trainers.rl.workers import (
     Learner,
     LossTotals,
@@ -99,9 +102,12 @@ class Workers:
     search: WorkerGroup | None = None
 
     def close(self) -> None:
-        """Release everything, even when a learner already died."""
+        """Release everything, even when a learner died or raised (then the learners are
+        stopped without their `close`: it would queue behind a collective that never
+        ends)."""
         try:
-            self.learners.call("close")
+            if not self.learners.broken:
+                self.learners.call("close")
         finally:
             for group in (self.learners, self.rollouts, self.search):
                 if group is not None:
@@ -303,5 +309,21 @@ def train(config: RLConfig, *, stop_after: int | None = None,
                 {"before": result.before, "after": result.after}, indent=2))
         result.weights = weights
         return result
+    except WorkerDied as error:
+        if error.group is not learners:
+            raise
+        raise RuntimeError(learner_died_message(str(error), output_dir)) from error
     finally:
         workers.close()
+
+
+def learner_died_message(death: str, output_dir: Path) -> str:
+    """What a dead learner means and what to do (docs/failure_behaviour.md)."""
+    checkpoint = latest_rl_checkpoint(output_dir)
+    where = (f"the last complete checkpoint is {checkpoint} (step "
+             f"{int(checkpoint.name.split('-')[-1])}); rerun with run.resume: latest to "
+             "continue from it" if checkpoint else
+             f"{output_dir} has no complete checkpoint; rerun from the start")
+    return (f"{death}. The run stops: learners are joined by torch.distributed, so one "
+            "cannot be replaced alone, and nothing was saved (the other learners may be "
+            f"in the middle of an update, so their state is not a consistent one); {where}.")

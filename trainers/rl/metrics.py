@@ -35,12 +35,12 @@ import json
 import math
 import numbers
 import time
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from trainers.checkpoint_files import truncate_steps
 from trainers.trajectory import Trajectory, write_trajectories
 
 METRICS_FILE = "metrics.jsonl"
@@ -329,30 +329,7 @@ def _summary_writer_class(required: bool) -> Any:
 
 def _truncate_metrics(path: Path, start_step: int) -> None:
     """Keep only the lines of `path` with step < start_step (see MetricsLogger)."""
-    if not path.exists():
-        return
-    lines = path.read_text(encoding="utf-8").splitlines()
-    kept = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            step = row["step"]
-        except (json.JSONDecodeError, TypeError, KeyError):
-            if number == len(lines):
-                # A run killed mid-write leaves a torn last line; it is the step being
-                # re-run anyway.
-                warnings.warn(f"{path}:{number}: dropping an unreadable last line",
-                              RuntimeWarning, stacklevel=3)
-                continue
-            raise ValueError(f"{path}:{number}: not a metrics line (JSON with a 'step'); "
-                             "refusing to rewrite the file") from None
-        if step < start_step:
-            kept.append(line)
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    tmp.replace(path)  # atomic: a crash here leaves either the old or the new file
+    truncate_steps(path, start_step)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

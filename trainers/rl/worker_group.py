@@ -18,6 +18,9 @@ backend names in `dead_errors`: a Ray actor error; in-process, none) is dropped;
 goes back to the front of the queue and runs on another worker; a replacement starts while
 `max_restarts` allow. The replacement first replays the sticky calls (the current weights),
 so it runs the same policy; one that fails to start uses up a restart too.
+`call`, `call_first` and `call_each` replace no one: a worker that dies during them raises
+`WorkerDied` as soon as its death is seen, without waiting for the other workers' results
+(learners blocked in a collective with a dead peer would never return them).
 """
 
 from __future__ import annotations
@@ -27,6 +30,19 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from trainers.distributed import init_ray
+
+# How long the other workers of a failed call get to show that a dead peer caused it.
+DEAD_PEER_GRACE_S = 10.0
+
+
+class WorkerDied(RuntimeError):
+    """A worker of `group` died during a call that cannot be retried elsewhere."""
+
+    def __init__(self, message: str, group: WorkerGroup, index: int):
+        super().__init__(message)
+        self.group, self.index = group, index
 
 
 @dataclass
@@ -71,6 +87,9 @@ class InProcess:
     def wait_any(self, futures: Sequence[_Done]) -> _Done:
         return futures[0]
 
+    def ready(self, futures: Sequence[_Done], timeout: float) -> list[_Done]:
+        return list(futures)
+
     def get(self, futures: Sequence[_Done]) -> list[Any]:
         return [future.result() for future in futures]
 
@@ -88,17 +107,15 @@ class InProcess:
 
 
 class RayActors:
-    """Each worker is a Ray actor (a local Ray is started unless one is running or
-    `address` names a cluster)."""
+    """Each worker is a Ray actor (a local Ray is started unless one is running, `address`
+    names a cluster or RAY_ADDRESS is set: `init_ray`)."""
 
     def __init__(self, address: str = ""):
         import ray
         from ray.exceptions import RayActorError, RayError
 
         if not ray.is_initialized():
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            ray.init(address=address or None, include_dashboard=False,
-                     **({} if address else {"num_cpus": os.cpu_count()}))
+            init_ray(address, num_cpus=os.cpu_count())
         self._ray = ray
         # A dead actor (killed, OOM, node lost) raises RayActorError; a replacement that
         # cannot start may fail with any Ray error.
@@ -114,6 +131,11 @@ class RayActors:
     def wait_any(self, futures: Sequence[Any]) -> Any:
         ready, _ = self._ray.wait(list(futures), num_returns=1)
         return ready[0]
+
+    def ready(self, futures: Sequence[Any], timeout: float) -> list[Any]:
+        """The futures that finish within `timeout` seconds."""
+        ready, _ = self._ray.wait(list(futures), num_returns=len(futures), timeout=timeout)
+        return ready
 
     def get(self, futures: Sequence[Any]) -> list[Any]:
         return self._ray.get(list(futures))
@@ -153,12 +175,17 @@ class WorkerGroup:
         self.max_restarts, self.role, self.restarts_field = max_restarts, role, restarts_field
         self.restarts = 0
         self.retried = 0
+        self.dead: list[str] = []  # workers that died in a call (see WorkerDied)
+        # A call raised: some workers may still be inside it (e.g. learners waiting in a
+        # collective for a peer that failed), so the group is stopped without more calls.
+        self.broken = False
         self._sticky: dict[str, tuple[Any, ...]] = {}
         self.workers = [backend.start(spec) for spec in specs]
         self._specs = dict(zip(self.workers, specs))
         self.names: dict[Any, str] = {}
         pingable = [w for w in self.workers if hasattr(self._specs[w].cls, "ping")]
-        self.names = dict(zip(pingable, self.call_on(pingable, "ping")))
+        self.names = dict(zip(pingable, self.backend.get(
+            [self.backend.submit(w, "ping") for w in pingable])))
 
     @property
     def size(self) -> int:
@@ -170,7 +197,7 @@ class WorkerGroup:
         return self.call_on(self.workers, verb, *args)
 
     def call_on(self, workers: Sequence[Any], verb: str, *args: Any) -> list[Any]:
-        return self.backend.get([self.backend.submit(w, verb, *args) for w in workers])
+        return self._collect([(w, self.backend.submit(w, verb, *args)) for w in workers])
 
     def call_first(self, verb: str, *args: Any) -> Any:
         return self.call_on(self.workers[:1], verb, *args)[0]
@@ -180,13 +207,53 @@ class WorkerGroup:
         """Worker i runs verb(*args_per_worker[i]); None skips it (its result is None)."""
         if len(args_per_worker) != self.size:
             raise ValueError(f"{len(args_per_worker)} argument lists for {self.size} workers")
-        calls = [(i, self.backend.submit(w, verb, *args))
+        calls = [(i, w, self.backend.submit(w, verb, *args))
                  for i, (w, args) in enumerate(zip(self.workers, args_per_worker))
                  if args is not None]
         results: list[Any] = [None] * self.size
-        for (i, _), value in zip(calls, self.backend.get([future for _, future in calls])):
+        for (i, _, _), value in zip(calls, self._collect([(w, f) for _, w, f in calls])):
             results[i] = value
         return results
+
+    def _collect(self, calls: Sequence[tuple[Any, Any]]) -> list[Any]:
+        """The results of (worker, future) pairs in order; raises WorkerDied as soon as
+        any of the workers is seen dead, and a worker's error as soon as it is raised (the
+        rest may never finish)."""
+        try:
+            return self._collect_or_raise(calls)
+        except Exception:
+            self.broken = True
+            raise
+
+    def _collect_or_raise(self, calls: Sequence[tuple[Any, Any]]) -> list[Any]:
+        pending = {future: worker for worker, future in calls}
+        while pending and self.backend.dead_errors:
+            future = self.backend.wait_any(list(pending))
+            worker = pending.pop(future)
+            try:
+                self.backend.get([future])
+            except self.backend.dead_errors as error:
+                raise self._died(worker, error) from error
+            except Exception as error:
+                # A collective fails on the survivors when a peer dies (gloo: connection
+                # closed): name the dead peer rather than the survivor's symptom.
+                for other in self.backend.ready(list(pending), DEAD_PEER_GRACE_S):
+                    try:
+                        self.backend.get([other])
+                    except self.backend.dead_errors as death:
+                        raise self._died(pending[other], death) from error
+                    except Exception:
+                        pass
+                raise
+        return self.backend.get([future for _, future in calls])
+
+    def _died(self, worker: Any, error: BaseException) -> WorkerDied:
+        index = self.workers.index(worker)
+        name = self.names.get(worker)
+        label = f"{self.role} {index}" + (f" ({name})" if name else "")
+        self.dead.append(label)
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return WorkerDied(f"{label} died ({type(error).__name__}: {reason})", self, index)
 
     def call_sticky(self, verb: str, *args: Any) -> None:
         """verb(*args) on every worker, remembered: a replacement started later runs it
@@ -254,9 +321,10 @@ class WorkerGroup:
             candidate = self.backend.start(spec)
             try:
                 for verb, args in self._sticky.items():
-                    self.call_on([candidate], verb, *args)
+                    self.backend.get([self.backend.submit(candidate, verb, *args)])
                 if hasattr(spec.cls, "ping"):
-                    self.names[candidate] = self.call_on([candidate], "ping")[0]
+                    self.names[candidate] = self.backend.get(
+                        [self.backend.submit(candidate, "ping")])[0]
                 replacement = candidate
             except self.backend.start_errors:
                 self.backend.stop(candidate)

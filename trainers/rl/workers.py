@@ -433,7 +433,12 @@ class Learner:
                  "reference": None if self.reference is None else {
                      k: v.detach().cpu() for k, v in self.reference.state_dict().items()}}
         Path(directory).mkdir(parents=True, exist_ok=True)
-        torch.save(state, Path(directory) / LEARNER_STATE_FILE)
+        # fsynced here, on the node that wrote it (the driver renames the directory after
+        # every rank returned: trainers.rl.checkpoint).
+        with open(Path(directory) / LEARNER_STATE_FILE, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
 
     def load(self, directory: str | Path) -> int:
         # fsdp: the full state stays on the CPU; set_*_state_dict moves only the shards over.

@@ -7,9 +7,10 @@ batch and all-reduces gradients, so the replicas stay identical and the run comp
 single worker computes on the same global batch (tests/test_sft_distributed.py checks both).
 
 Ray is only at the edge: the training loop is the same in-process code. If Ray is not
-initialised yet it is started with `ray.init(num_cpus=num_workers)` (on this project's
-2-core machine: 2 workers, 1 CPU each); set RAY_AUTH_MODE=disabled where Ray's token auth
-is not set up.
+initialised yet it is started with `num_cpus=num_workers` (on this project's 2-core machine:
+2 workers, 1 CPU each), or joined when RAY_ADDRESS is set (trainers.distributed.init_ray);
+set RAY_AUTH_MODE=disabled where Ray's token auth is not set up. The workers rendezvous on
+127.0.0.1, so they must share one node.
 
 Where we deviate from DR-Venus and why
 * DR-Venus trains with a GPU framework (FSDP on a cluster). Here the same gradient
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainers.distributed import init_ray
 from trainers.sft.config import SFTExperimentConfig, config_to_dict
 from trainers.sft.packing import SFTSample
 from trainers.sft.trainer import SFTTrainer, latest_checkpoint
@@ -81,10 +83,10 @@ def train_data_parallel(config: SFTExperimentConfig, model: torch.nn.Module,
 
     workers = num_workers or config.train.num_workers
     if not ray.is_initialized():
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         # Workers inherit this process's environment; the package is importable from an
         # install (pip install -e .), so no runtime_env (which costs seconds per start).
-        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=True)
+        # With RAY_ADDRESS set (`ray job submit`) the cluster is joined, not started.
+        init_ray("", num_cpus=workers)
     threads = config.train.threads_per_worker or max(1, (os.cpu_count() or 1) // workers)
     actor_class = ray.remote(num_cpus=1)(SFTWorker)
     actors = [actor_class.remote() for _ in range(workers)]

@@ -13,7 +13,10 @@ Exact resume. The rows of every epoch are a pure function of (seed, epoch) and a
 rows a pure function of the step number, so a checkpoint needs only the step besides the
 model, optimizer, scheduler and RNG states (python, numpy, torch); resuming replays the
 same batches in the same order and matches an uninterrupted run step for step (bitwise on
-the same machine and thread count, as tested).
+the same machine and thread count, as tested). Checkpoints are atomic (written to a scratch
+directory, fsynced, renamed: trainers.checkpoint_files), and loading one drops the
+metrics.jsonl lines of the steps that run again, so a run killed at any point resumes with
+every step logged once.
 
 Where we deviate from DR-Venus and why
 * No separate learning-rate floor or batch-size schedule; warm-up + cosine as in the paper.
@@ -41,6 +44,13 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from trainers.checkpoint_files import (
+    latest_complete,
+    new_scratch,
+    publish,
+    remove_scratch,
+    truncate_steps,
+)
 from trainers.distributed import all_reduce_gradients
 from trainers.models import BOOLEAN_LOGITS_TO_KEEP
 from trainers.sft.config import DataConfig, TrainConfig
@@ -100,9 +110,9 @@ def resolve_device(name: str) -> torch.device:
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The checkpoint directory with the highest step in output_dir, if any."""
-    found = sorted(Path(output_dir).glob(f"{CHECKPOINT_PREFIX}*/{STATE_FILE}"))
-    return found[-1].parent if found else None
+    """The complete checkpoint directory with the highest step in output_dir, if any
+    (scratch directories of a save cut short are never returned)."""
+    return latest_complete(output_dir, (STATE_FILE,))
 
 
 class SFTTrainer:
@@ -337,16 +347,19 @@ class SFTTrainer:
 
     def save_checkpoint(self, directory: str | Path | None = None) -> Path | None:
         """Save a resumable checkpoint (rank 0 only; replicas are identical). Written to a
-        scratch directory and renamed, so a crash never leaves a half-written checkpoint."""
+        hidden scratch directory, fsynced and renamed (trainers.checkpoint_files), so a
+        kill never leaves a half-written checkpoint where `latest_checkpoint` looks."""
         target = Path(directory) if directory is not None else \
             self.output_dir / f"{CHECKPOINT_PREFIX}{self.step:07d}"
         if self.is_main:
-            scratch = target.with_name(target.name + ".tmp")
-            shutil.rmtree(scratch, ignore_errors=True)
-            scratch.mkdir(parents=True)
-            torch.save(self.state(), scratch / STATE_FILE)
-            shutil.rmtree(target, ignore_errors=True)
-            scratch.rename(target)
+            remove_scratch(target.parent)  # a killed earlier save's leftovers
+            scratch = new_scratch(target)
+            try:
+                torch.save(self.state(), scratch / STATE_FILE)
+                publish(scratch, target)
+            except BaseException:
+                shutil.rmtree(scratch, ignore_errors=True)
+                raise
             self.log(f"saved checkpoint {target}")
         if self.distributed:
             dist.barrier()
@@ -366,6 +379,12 @@ class SFTTrainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
         self.total_steps = int(state["total_steps"])
+        if self.is_main:
+            # The steps after the checkpoint run again: their lines (and a torn last line
+            # of a killed write) leave metrics.jsonl, so none is logged twice. Lines hold
+            # the step count after the update, so the checkpoint's own step stays.
+            truncate_steps(self.output_dir / METRICS_FILE, self.step + 1)
+            remove_scratch(self.output_dir)
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"].cpu())
