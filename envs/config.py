@@ -21,7 +21,9 @@ class DeepResearchConfig:
     # --- world -----------------------------------------------------------------------
     world: Any = _f("synthetic", "Which world: 'synthetic' (embedded generated world), "
                     "'hotpotqa' (packaged HotpotQA dev subset), a directory saved by "
-                    "World.save, a QA JSONL path, or a venus_gym.corpus.World object.")
+                    "World.save, a QA JSONL path, or a venus_gym.corpus.World object. With "
+                    "backend='web' only its tasks are used: a QA JSONL path or saved world, "
+                    "or the default for tasks given to reset(options={'question', 'answer'}).")
     world_size: int = _f(2000, "Pages in the synthetic world (100..100,000).")
     world_seed: int = _f(0, "Seed of the synthetic world generator.")
     task_split: str = _f("all", "'all', 'train' or 'test': a deterministic split of the "
@@ -61,6 +63,34 @@ class DeepResearchConfig:
     tool_timeout_s: float | None = _f(None, "Per-call timeout for tool backends (None = no "
                                       "timeout thread; remote backends default to 30 s).")
     tool_retries: int = _f(2, "Retries (with exponential backoff) after a backend failure.")
+    # --- the web (backend='web') -----------------------------------------------------------
+    backend: str = _f("corpus", "'corpus' (search and read the world's own pages; see "
+                      "search_backend) or 'web' (a search provider and a guarded page fetcher, "
+                      "docs/web.md).")
+    search_provider: str | None = _f(None, "backend='web': 'serper', 'searxng' or 'retrieve' "
+                                     "(Search-R1 POST /retrieve).")
+    search_url: str | None = _f(None, "backend='web': the provider's base url (SearXNG instance, "
+                                "retrieval server; serper defaults to https://google.serper.dev).")
+    search_api_key_env: str | None = _f(None, "Name of the environment variable holding the "
+                                        "search API key (None: SERPER_API_KEY for serper, no key "
+                                        "for the others). Keys are never config values.")
+    search_min_interval_s: float = _f(0.0, "Least seconds between two search API requests "
+                                      "(rate limit; 0 = none).")
+    allow_hosts: tuple[str, ...] = _f((), "Hosts ('intranet.example') or host:port pairs "
+                                      "('127.0.0.1:8080') the fetcher may open although they "
+                                      "resolve to loopback/private addresses.")
+    fetch_max_bytes: int = _f(2_000_000, "Most bytes read of one page; the rest is not "
+                              "downloaded.")
+    fetch_timeout_s: float = _f(20.0, "Total seconds for one page fetch, redirects included.")
+    fetch_allow_pdf: bool = _f(False, "Also read application/pdf pages (needs pypdf).")
+    cache_mode: str = _f("live", "backend='web': 'live' (no cache), 'record' (store every "
+                         "search, fetch and LLM summary in cache_path, reuse stored ones) or "
+                         "'replay' (stored answers only; a missing one raises CacheMissError).")
+    cache_path: str | None = _f(None, "SQLite file of recorded tool answers (record/replay).")
+    summarizer_api_key_env: str | None = _f(None, "Name of the environment variable holding "
+                                            "the summarizer endpoint's API key (None: none).")
+    summarizer_chunk_chars: int = _f(100_000, "summarizer='openai': pages longer than this are "
+                                     "summarised in chunks of this many characters.")
     # --- presentation --------------------------------------------------------------------
     date: str = _f("2025-01-01", "Date written into the system prompt (fixed for "
                    "reproducibility).")
@@ -104,6 +134,25 @@ class DeepResearchConfig:
             (self.summarizer != "openai" or bool(self.summarizer_url),
              "summarizer='openai' needs summarizer_url"),
             (self.tool_retries >= 0, "tool_retries must be >= 0"),
+            (self.backend in ("corpus", "web"), "backend must be 'corpus' or 'web'"),
+            (self.backend != "web" or self.search_provider in ("serper", "searxng", "retrieve"),
+             f"backend='web' needs search_provider 'serper', 'searxng' or 'retrieve', got "
+             f"{self.search_provider!r}"),
+            (self.backend != "web" or self.search_provider == "serper" or bool(self.search_url),
+             f"search_provider={self.search_provider!r} needs search_url (its base url)"),
+            (self.cache_mode in ("live", "record", "replay"),
+             "cache_mode must be 'live', 'record' or 'replay'"),
+            (self.cache_mode == "live" or self.backend == "web",
+             "cache_mode 'record'/'replay' applies to backend='web' only"),
+            (self.cache_mode == "live" or bool(self.cache_path),
+             f"cache_mode={self.cache_mode!r} needs cache_path (an SQLite file)"),
+            (isinstance(self.allow_hosts, tuple | list)
+             and all(isinstance(h, str) for h in self.allow_hosts),
+             "allow_hosts must be a list of 'host' or 'host:port' strings"),
+            (self.fetch_max_bytes >= 1, "fetch_max_bytes must be >= 1"),
+            (self.fetch_timeout_s > 0, "fetch_timeout_s must be > 0"),
+            (self.search_min_interval_s >= 0, "search_min_interval_s must be >= 0"),
+            (self.summarizer_chunk_chars >= 1000, "summarizer_chunk_chars must be >= 1000"),
             (self.max_action_chars >= 1, "max_action_chars must be >= 1"),
             (self.max_observation_chars >= 1000, "max_observation_chars must be >= 1000 "
              "(the environment's own notices must fit)"),

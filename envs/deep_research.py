@@ -13,6 +13,7 @@ Where we deviate from DR-Venus and why:
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import gymnasium as gym
@@ -73,7 +74,20 @@ class DeepResearchEnv(gym.Env[str, str]):
 
     ## Starting State
     A task drawn uniformly from the selected split with the env's seeded RNG, or the one
-    named by `options={"task_id": ...}` / `options={"task_index": ...}` in `reset`.
+    named by `options={"task_id": ...}` / `options={"task_index": ...}` in `reset`, or a
+    new one given as `options={"question": ..., "answer": ... (a string or a list)}` (the
+    way to pose questions to a web environment without a task file).
+
+    ## The web (backend="web")
+    `search` asks a provider (Serper, SearXNG or a Search-R1 `/retrieve` server), `visit`
+    reads pages through a guarded fetcher (no loopback/private/link-local addresses unless
+    `allow_hosts` names them), and with `cache_mode` 'record'/'replay' every search, fetch
+    and LLM summary is stored in / served from an SQLite file (docs/web.md). Tool failures
+    are observations as always, with one exception: in replay mode a request the cache
+    lacks raises `venus_gym.tools.CacheMissError` (naming the request, its key and the
+    file), since an invented observation would silently change a replayed episode.
+    `info["cost"]` and `env.unwrapped.cost()` give the run's totals (API calls, bytes,
+    summarizer tokens, cache hits), shared by environments that share a toolbox.
 
     ## Episode End
     - Termination: a well-formed answer turn.
@@ -107,8 +121,10 @@ class DeepResearchEnv(gym.Env[str, str]):
     max_context_tokens, max_turn_tokens, forced_final_answer, token_counter,
     reward_metric, format_penalty, tools, search_top_k, max_queries_per_call,
     max_urls_per_call, search_backend, retrieval_url, summarizer, summarizer_url,
-    summarizer_model, tool_timeout_s, tool_retries, date, prompt_style,
-    reveal_answer_in_info,
+    summarizer_model, tool_timeout_s, tool_retries, backend, search_provider, search_url,
+    search_api_key_env, search_min_interval_s, allow_hosts, fetch_max_bytes,
+    fetch_timeout_s, fetch_allow_pdf, cache_mode, cache_path, summarizer_api_key_env,
+    summarizer_chunk_chars, date, prompt_style, reveal_answer_in_info,
     max_action_chars, max_observation_chars, and `render_mode` ('ansi' or 'human').
 
     ## Version History
@@ -126,6 +142,9 @@ class DeepResearchEnv(gym.Env[str, str]):
       become U+FFFD (lone surrogates were '?'), carriage returns newlines; a query holding
       a lone surrogate is searched instead of failing as a tool error. Observations of
       text without such characters are unchanged.
+    - v0, `backend="web"` added: web search providers, a guarded fetcher, record/replay
+      and cost accounting; `reset(options={"question", "answer"})` poses a new task.
+      Corpus-backed environments are unchanged.
     """
 
     metadata = {"render_modes": ["ansi", "human"]}
@@ -171,6 +190,8 @@ class DeepResearchEnv(gym.Env[str, str]):
                 "tokens_used": self.tokens_used}
         if self.config.reveal_answer_in_info:
             info["gold_answers"] = list(self.task.answers)
+        if self.config.backend == "web":
+            info["cost"] = self.cost()
         if self.render_mode == "human":
             self.render()
         return question, info
@@ -242,6 +263,8 @@ class DeepResearchEnv(gym.Env[str, str]):
             else:
                 truncated, obs = True, ""
         info["tokens_used"] = self.tokens_used
+        if cfg.backend == "web":
+            info["cost"] = self.cost()
         if cfg.reveal_answer_in_info:
             info["gold_answers"] = list(task.answers)
         self._done = terminated or truncated
@@ -251,6 +274,12 @@ class DeepResearchEnv(gym.Env[str, str]):
         if self.render_mode == "human":
             self.render()
         return obs, float(reward), terminated, truncated, info
+
+    def cost(self) -> dict[str, int]:
+        """What the tools spent so far in this run (search API calls, page fetches, bytes
+        received, summarizer calls and tokens, cache hits); {} without a cost meter."""
+        meter = getattr(self.toolbox, "cost_meter", None)
+        return meter.snapshot() if meter is not None else {}
 
     def judge_turn(self, action: str) -> tuple[bool, str, ParsedTurn]:
         """Would `step(action)` count this turn as well formed now? Returns (valid, reason,
@@ -298,10 +327,12 @@ class DeepResearchEnv(gym.Env[str, str]):
 
     # ------------------------------------------------------------------ helpers
     def _choose_task(self, options: dict[str, Any]) -> Task:
-        unknown = set(options) - {"task_id", "task_index"}
+        unknown = set(options) - {"task_id", "task_index", "question", "answer"}
         if unknown:
             raise ValueError(f"unknown reset option(s) {sorted(unknown)}; valid: task_id, "
-                             f"task_index")
+                             f"task_index, question (with answer)")
+        if "question" in options or "answer" in options:
+            return self._posed_task(options)
         if "task_id" in options:
             task_id = options["task_id"]
             if task_id not in self._task_by_id:
@@ -314,4 +345,24 @@ class DeepResearchEnv(gym.Env[str, str]):
                 raise IndexError(f"task_index must be an int in [0, {len(self.tasks)}), "
                                  f"got {i!r}")
             return self.tasks[i]
+        if not self.tasks:
+            raise ValueError("this environment has no tasks (backend='web' without a task "
+                             "file): pass reset(options={'question': ..., 'answer': ...}) or "
+                             "world=<QA JSONL file>")
         return self.tasks[int(self.np_random.integers(len(self.tasks)))]
+
+    @staticmethod
+    def _posed_task(options: dict[str, Any]) -> Task:
+        question, answer = options.get("question"), options.get("answer")
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("reset option 'question' must be a non-empty string")
+        answers = [answer] if isinstance(answer, str) else answer
+        if (not isinstance(answers, list | tuple) or not answers
+                or not all(isinstance(a, str) and a.strip() for a in answers)):
+            raise ValueError("reset option 'answer' must be a non-empty string or a list of "
+                             "them (the gold answers the reply is scored against)")
+        if "task_id" in options:
+            task_id = str(options["task_id"])
+        else:  # stable across runs, so records and replays name the same task
+            task_id = "posed-" + hashlib.sha1(question.encode("utf-8", "replace")).hexdigest()[:12]
+        return Task(id=task_id, question=question, answers=tuple(answers), source="reset")

@@ -2,6 +2,7 @@
 and the backends behind them. The environment talks to a `Toolbox` only."""
 
 from .base import (
+    CacheMissError,
     ChainedPageStore,
     CorpusPageStore,
     PageStore,
@@ -26,6 +27,7 @@ from .toolbox import (
 )
 
 __all__ = [
+    "CacheMissError",
     "SEPARATOR",
     "VISIT_FAILED_EVIDENCE",
     "VISIT_FAILED_SUMMARY",

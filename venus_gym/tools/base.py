@@ -52,6 +52,16 @@ class ToolBackendError(RuntimeError):
     """
 
 
+class CacheMissError(LookupError):
+    """A replay cache has no entry for a tool request.
+
+    The one tool failure that is raised rather than shown to the agent: a replayed run must
+    reproduce the recorded observations byte for byte, and an observation made up for a
+    missing entry would silently change the episode. The message names the request, its
+    key and the cache file.
+    """
+
+
 @runtime_checkable
 class SearchBackend(Protocol):
     def search(self, query: str, k: int) -> list[SearchHit]:

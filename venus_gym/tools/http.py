@@ -17,6 +17,15 @@ from typing import Any
 from .base import ToolBackendError
 
 
+class HTTPStatusError(ToolBackendError):
+    """A service answered with an HTTP error status (`status`); 429 and 5xx are worth a
+    retry (`venus_gym.tools.web_search.JsonClient` retries them)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
 def post_json(url: str, payload: Any, *, timeout_s: float, what: str,
               headers: Mapping[str, str] | None = None) -> Any:
     """POST `payload` as JSON to `url` and return the decoded JSON reply."""
@@ -28,7 +37,7 @@ def post_json(url: str, payload: Any, *, timeout_s: float, what: str,
             raw = response.read()
     except urllib.error.HTTPError as e:
         detail = e.read()[:300].decode("utf-8", "replace")
-        raise ToolBackendError(f"{what} {url} answered HTTP {e.code}: {detail}") from None
+        raise HTTPStatusError(f"{what} {url} answered HTTP {e.code}: {detail}", e.code) from None
     except TimeoutError as e:  # socket.timeout is TimeoutError since Python 3.10
         raise ToolBackendError(f"{what} {url} did not answer within {timeout_s} s") from e
     except urllib.error.URLError as e:
@@ -48,6 +57,16 @@ def chat_completion(base_url: str, model: str, messages: list[dict[str, str]], *
 
     `base_url` is the API root, e.g. "http://127.0.0.1:8000/v1".
     """
+    return chat_completion_with_usage(base_url, model, messages, timeout_s=timeout_s,
+                                      what=what, api_key=api_key, extra_body=extra_body)[0]
+
+
+def chat_completion_with_usage(base_url: str, model: str, messages: list[dict[str, str]], *,
+                               timeout_s: float, what: str, api_key: str | None = None,
+                               extra_body: Mapping[str, Any] | None = None
+                               ) -> tuple[str, dict[str, int]]:
+    """`chat_completion`, plus the reply's token usage {"prompt_tokens",
+    "completion_tokens"} (zeros where the server reports none)."""
     url = base_url.rstrip("/") + "/chat/completions"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     reply = post_json(url, {"model": model, "messages": messages, **(extra_body or {})},
@@ -59,4 +78,7 @@ def chat_completion(base_url: str, model: str, messages: list[dict[str, str]], *
     except (KeyError, IndexError, TypeError) as e:
         raise ToolBackendError(f"{what} {url} sent no chat completion ({e}): "
                                f"{str(reply)[:200]}") from None
-    return content
+    usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
+    counts = {k: v if isinstance(v := usage.get(k), int) and not isinstance(v, bool) else 0
+              for k in ("prompt_tokens", "completion_tokens")}
+    return content, counts

@@ -5,6 +5,9 @@ summarizer LLM (Qwen3-30B-A3B) that answers with JSON {"rational", "evidence", "
 
 - `OpenAISummarizer` does exactly that against any OpenAI-compatible endpoint (vLLM,
   SGLang, a hosted API), with a character budget standing in for the token budget.
+- `ChunkedSummarizer` splits a long page (a fetched web page) into chunks that fit the
+  summariser's budget, summarises each and joins the parts, instead of DR-Venus's cut at
+  the budget, which would lose everything past it.
 - `ExtractiveSummarizer` is our default and a deliberate deviation: a 30B model per visit
   would make the environment GPU-bound and non-deterministic, which defeats a 2-core
   offline training loop and reproducible episodes. It picks the page's sentences that best
@@ -18,13 +21,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from venus_gym.corpus import Page
 
 from .base import PageSummary, ToolBackendError
-from .http import chat_completion
+from .http import chat_completion_with_usage
 
 # --- extractive ------------------------------------------------------------------------------
 
@@ -242,6 +246,8 @@ class OpenAISummarizer:
     timeout_s:      per-request socket timeout.
     max_page_chars: page budget; DR-Venus truncates to ~95K tokens, ~4 characters each.
     extra_body:     merged into the request (temperature, max_tokens, chat_template_kwargs...).
+    on_usage:       called with (prompt_tokens, completion_tokens) of every reply (cost
+                    accounting); zeros where the server reports no usage.
 
     Uses urllib only, so the core library has no HTTP dependency. Every failure (HTTP error,
     timeout, reply without the JSON object) raises ToolBackendError.
@@ -249,7 +255,8 @@ class OpenAISummarizer:
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None,
                  timeout_s: float = 30.0, max_page_chars: int = 380_000,
-                 extra_body: Mapping[str, Any] | None = None):
+                 extra_body: Mapping[str, Any] | None = None,
+                 on_usage: Callable[[int, int], None] | None = None):
         if not base_url:
             raise ValueError("OpenAISummarizer needs a base_url, e.g. http://127.0.0.1:8000/v1")
         self.base_url = base_url
@@ -258,6 +265,10 @@ class OpenAISummarizer:
         self.timeout_s = timeout_s
         self.max_page_chars = max_page_chars
         self.extra_body = dict(extra_body or {})
+        self.on_usage = on_usage
+
+    def __repr__(self) -> str:  # the api key stays out of logs
+        return f"OpenAISummarizer(base_url={self.base_url!r}, model={self.model!r})"
 
     def prompt(self, page: Page, goal: str) -> str:
         text = page.text
@@ -266,13 +277,81 @@ class OpenAISummarizer:
         return _PROMPT.format(page=f"Title: {page.title}\nURL: {page.url}\n\n{text}", goal=goal)
 
     def summarize(self, page: Page, goal: str) -> PageSummary:
-        content = chat_completion(
-            self.base_url, self.model,
-            [{"role": "user", "content": self.prompt(page, goal)}],
-            timeout_s=self.timeout_s, what="summarizer", api_key=self.api_key,
-            extra_body=self.extra_body)
+        try:
+            content, usage = chat_completion_with_usage(
+                self.base_url, self.model,
+                [{"role": "user", "content": self.prompt(page, goal)}],
+                timeout_s=self.timeout_s, what="summarizer", api_key=self.api_key,
+                extra_body=self.extra_body)
+        except ToolBackendError as e:
+            if self.api_key and self.api_key in str(e):  # a server echoing the header
+                raise ToolBackendError(str(e).replace(self.api_key, "***")) from None
+            raise
+        if self.on_usage is not None:
+            self.on_usage(usage["prompt_tokens"], usage["completion_tokens"])
         summary = parse_summary_reply(content)
         if summary is None:
             raise ToolBackendError(f"summarizer reply has no JSON object with evidence/"
                                    f"summary: {content[:200]!r}")
         return summary
+
+
+# --- long pages ------------------------------------------------------------------------------
+
+def chunk_text(text: str, chunk_chars: int) -> list[str]:
+    """`text` cut into pieces of at most `chunk_chars` characters, at line ends where it can,
+    else at spaces, else anywhere."""
+    if chunk_chars < 1:
+        raise ValueError("chunk_chars must be >= 1")
+    chunks: list[str] = []
+    current = ""
+    for line in text.splitlines(keepends=True):
+        while len(line) > chunk_chars:  # a line longer than a chunk: cut it at a space
+            cut = line.rfind(" ", chunk_chars // 2, chunk_chars)
+            cut = cut if cut > 0 else chunk_chars
+            if current:
+                chunks.append(current)
+                current = ""
+            chunks.append(line[:cut])
+            line = line[cut:]
+        if len(current) + len(line) > chunk_chars:
+            chunks.append(current)
+            current = ""
+        current += line
+    if current or not chunks:
+        chunks.append(current)
+    return [c.strip() for c in chunks if c.strip()] or [""]
+
+
+class ChunkedSummarizer:
+    """Summarises a long page chunk by chunk with `summarizer` and joins the parts.
+
+    chunk_chars: largest chunk handed to the summarizer (pages up to it go through whole).
+    max_chunks:  most chunks summarised; the rest of a longer page is not read (a bound
+                 on summariser calls per visit), and the rational says so.
+
+    Parts whose evidence is empty are dropped from the evidence; summaries are joined in
+    page order.
+    """
+
+    def __init__(self, summarizer: Any, chunk_chars: int = 100_000, max_chunks: int = 8):
+        if chunk_chars < 1000 or max_chunks < 1:
+            raise ValueError("chunk_chars must be >= 1000 and max_chunks >= 1")
+        self.summarizer = summarizer
+        self.chunk_chars = chunk_chars
+        self.max_chunks = max_chunks
+
+    def summarize(self, page: Page, goal: str) -> PageSummary:
+        if len(page.text) <= self.chunk_chars:
+            return self.summarizer.summarize(page, goal)
+        chunks = chunk_text(page.text, self.chunk_chars)
+        read = chunks[: self.max_chunks]
+        parts = [self.summarizer.summarize(replace(page, text=c), goal) for c in read]
+        rational = " ".join(f"[part {i}/{len(chunks)}] {p.rational}".strip()
+                            for i, p in enumerate(parts, start=1))
+        if len(chunks) > len(read):
+            rational += f" Only the first {len(read)} of {len(chunks)} parts were read."
+        return PageSummary(
+            rational=rational,
+            evidence="\n".join(p.evidence for p in parts if p.evidence.strip()),
+            summary=" ".join(p.summary for p in parts if p.summary.strip()))

@@ -5,7 +5,8 @@ their answers in DR-Venus's formats (design.md "Turn format") and never raises f
 failure: exceptions and timeouts are retried with exponential backoff, then shown to the
 agent as an error text (`ToolOutcome.ok` False, `.error` saying what went wrong). A policy
 in RL training meets broken tools as observations, like any other, instead of crashing a
-rollout worker.
+rollout worker. The one exception is `CacheMissError` (a replay cache lacks a request),
+which is raised: replay must reproduce recorded observations, not invent new ones.
 
 Deviation from DR-Venus: the public code lets a search call carry any number of queries and
 a visit any number of urls; we cap both (`max_queries`, `max_urls`), run the first ones and
@@ -30,7 +31,15 @@ from typing import Any, TypeVar
 
 from venus_gym.protocol import clean_text
 
-from .base import PageStore, PageSummary, SearchBackend, SearchHit, Summarizer, ToolBackendError
+from .base import (
+    CacheMissError,
+    PageStore,
+    PageSummary,
+    SearchBackend,
+    SearchHit,
+    Summarizer,
+    ToolBackendError,
+)
 
 T = TypeVar("T")
 
@@ -106,12 +115,14 @@ class Toolbox:
                    4*backoff_s, ... each capped at max_backoff_s.
     max_queries / max_urls: most queries / urls one call runs; the rest are dropped with a
                    note in the observation.
+    cost_meter:    optional; what the backends spent (venus_gym.tools.cache.CostMeter),
+                   for the environment's cost report. The toolbox only holds it.
     """
 
     def __init__(self, search_backend: SearchBackend, page_store: PageStore,
                  summarizer: Summarizer, top_k: int = 10, timeout_s: float | None = None,
                  retries: int = 0, backoff_s: float = 0.5, max_backoff_s: float = 30.0,
-                 max_queries: int = 5, max_urls: int = 5):
+                 max_queries: int = 5, max_urls: int = 5, cost_meter: Any = None):
         if top_k < 1 or max_queries < 1 or max_urls < 1:
             raise ValueError("top_k, max_queries and max_urls must be >= 1")
         if retries < 0 or backoff_s < 0 or max_backoff_s < 0:
@@ -128,6 +139,7 @@ class Toolbox:
         self.max_backoff_s = max_backoff_s
         self.max_queries = max_queries
         self.max_urls = max_urls
+        self.cost_meter = cost_meter
 
     # --- dispatch ---------------------------------------------------------------------------
 
@@ -232,6 +244,8 @@ class Toolbox:
                 if self.timeout_s is None:
                     return fn(*args), None
                 return self._with_timeout(fn, args), None
+            except CacheMissError:
+                raise
             except TRANSIENT_ERRORS as e:
                 error = f"{type(e).__name__}: {e}"
             except Exception as e:  # any other failure becomes an observation, not a crash
