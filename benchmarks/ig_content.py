@@ -135,9 +135,9 @@ def main(argv: list[str] | None = None) -> None:
         question = int(batch.question_end[0])
         before = int(batch.turn_end[0, visit - 1]) if visit > 0 else question
         after = int(batch.turn_end[0, visit])
-        length = int(batch.lengths[0])
+        # Causal attention: the scores up to the visit's boundary read only that prefix.
         scores = fast_probe_scores(
-            model, batch.input_ids[0, :length], torch.tensor([question, before, after]),
+            model, batch.input_ids[0, :after], torch.tensor([question, before, after]),
             build_probes(tokenizer, template, answers), InformationGainConfig()).scores
         s_question, s_before, s_after = scores[0], scores[1], scores[2]  # [A] each
         ig = {"question": s_after - s_question, "previous_turn": s_after - s_before,
