@@ -218,3 +218,97 @@ def test_grpo_and_rloo_hand_numbers():
     # RLOO: o_i - mean of the other three; a group of one has no baseline -> 0
     assert rloo_advantages(outcome, groups).tolist() == pytest.approx(
         [1 - 1 / 3, 0 - 2 / 3, 0 - 2 / 3, 1 - 1 / 3, 0.0], abs=1e-6)
+
+
+def test_isolated_penalties_leave_the_discount_chain():
+    C, G, P, OUT = (int(r) for r in (TurnRole.CARRIER, TurnRole.INFO_GAIN, TurnRole.PENALTY,
+                                   TurnRole.OUTCOME))
+    role = torch.tensor([[C, G, C, P, G, OUT, -1]])
+    values = torch.tensor([[9.0, 1.0, 9.0, -2.0, 0.5, 3.0, 9.0]])
+    a5 = 3.0
+    a4 = 0.5 + 0.5 * a5  # 2.0
+    a3 = -2.0  # its own penalty only
+    a1 = 1.0 + 0.5 * a4  # 2.0: the chain skips the penalty turn
+    out = discounted_turn_advantages(values, role, gamma=0.5, isolate_penalties=True)
+    assert out[0].tolist() == pytest.approx([a1, a1, a4, a3, a4, a5, 0.0])
+
+
+def _penalty_above_the_igs():
+    """A: visit (IG -3), malformed, answer (outcome 1); B: visit, visit (IG -0.5 each),
+    answer (outcome 0). The pooled turn rewards {-3, -1, -0.5, -0.5} have mean -1.25, so
+    the penalty's z-score is positive."""
+    records = [
+        synthetic_record([("visit",), ("invalid", 3, 4, False), ("answer",)], 0, 1.0, seed=1),
+        synthetic_record([("visit",), ("visit",), ("answer",)], 0, 0.0, seed=2),
+    ]
+    nan = float("nan")
+    scores = torch.tensor([[-1.0, -4.0, nan, nan], [-1.0, -1.5, -2.0, nan]])
+    return collate(records).replace(boundary_scores=scores)
+
+
+def test_format_isolation_hand_worked():
+    batch = _penalty_above_the_igs()
+    o_a, o_b = z(1, 0.5, 0.25), z(0, 0.5, 0.25)
+    var = ((-1.75) ** 2 + 0.25 ** 2 + 2 * 0.75 ** 2) / 4  # 1.0625
+    r_ig_a, r_pen, r_ig_b = z(-3, -1.25, var), z(-1, -1.25, var), z(-0.5, -1.25, var)
+    assert r_pen > 0.2
+
+    paper = make_algorithm("igpo", IGPOConfig(normalization="separate", format_isolated=False))
+    rewards = paper.turn_rewards(batch)
+    tokens, metrics = paper.advantages(batch, rewards)
+    turn_adv, _ = igpo_turn_advantages(rewards, batch.group_ids, "separate", 0.95)
+    pen = r_pen + 0.95 * o_a  # the paper's chain: the malformed turn inherits the answer
+    assert turn_adv[0, :3].tolist() == pytest.approx([r_ig_a + 0.95 * pen, pen, o_a], abs=1e-5)
+    assert metrics["malformed_positive_fraction"] == 1.0
+    malformed_tokens = batch.loss_mask & (batch.turn_index == 1)
+    assert (tokens[0][malformed_tokens[0]] > 0).all()
+
+    isolated = make_algorithm("igpo", IGPOConfig(normalization="separate"))  # the default
+    assert isolated.config.format_isolated
+    turn_adv, metrics = igpo_turn_advantages(rewards, batch.group_ids, "separate", 0.95,
+                                             format_isolated=True)
+    b1 = r_ig_b + 0.95 * o_b
+    assert turn_adv[0, :3].tolist() == pytest.approx([r_ig_a + 0.95 * o_a, 0.0, o_a], abs=1e-5)
+    assert turn_adv[1, :3].tolist() == pytest.approx([r_ig_b + 0.95 * b1, b1, o_b], abs=1e-5)
+    tokens, metrics = isolated.advantages(batch, rewards)
+    assert metrics["malformed_positive_fraction"] == 0.0
+    assert (tokens[0][malformed_tokens[0]] == 0).all()
+
+
+def test_format_isolation_keeps_an_ordinary_penalty_and_clamps_a_malformed_answer():
+    # IGs above the penalty: its z-score is negative and kept as it is; the valid visit
+    # before it no longer collects it.
+    records = [
+        synthetic_record([("visit",), ("invalid", 3, 4, False), ("answer",)], 0, 0.0, seed=1),
+        synthetic_record([("visit",), ("visit",), ("answer", 3, 0, False)], 0, 0.0, seed=2),
+    ]
+    nan = float("nan")
+    scores = torch.tensor([[-3.0, -2.0, nan, nan], [-3.0, -2.0, -1.0, nan]])  # IG 1, 1, 1
+    batch = collate(records).replace(boundary_scores=scores)
+    rewards = turn_rewards(batch, RewardConfig())
+    adv, _ = igpo_turn_advantages(rewards, batch.group_ids, "separate", 0.95,
+                                  format_isolated=True,
+                                  malformed=batch.turn_valid & ~batch.turn_format_ok)
+    var = 3 * 0.5 ** 2 / 4 + 1.5 ** 2 / 4  # pool {1, -1, 1, 1}: mean 0.5
+    r_ig, r_pen = z(1, 0.5, var), z(-1, 0.5, var)
+    o_a, o_b = z(0, -0.5, 0.25), z(-1, -0.5, 0.25)  # B's malformed answer scores -1
+    assert adv[0, :3].tolist() == pytest.approx([r_ig + 0.95 * o_a, r_pen, o_a], abs=1e-5)
+    b1 = r_ig + 0.95 * o_b
+    assert adv[1, :3].tolist() == pytest.approx([r_ig + 0.95 * b1, b1, o_b], abs=1e-5)
+    assert adv[1, 2] < 0 and adv[0, 1] < 0
+
+
+def test_turn_reward_magnitude_is_logged_before_the_ig_scale():
+    batch = _two_rollout_group()
+    rewards = turn_rewards(batch, RewardConfig())
+    _, metrics = igpo_turn_advantages(rewards, batch.group_ids, "scaled_separate", 0.95)
+    r = [z(2.0, 1.0, 0.5), z(0.5, 1.0, 0.5)]
+    before = (abs(r[0]) + 2 * abs(r[1])) / 3
+    assert metrics["turn_reward_z_abs_mean"] == pytest.approx(before, rel=1e-5)
+    assert metrics["turn_reward_scaled_abs_mean"] == pytest.approx(
+        metrics["ig_scale"] * before, rel=1e-5)
+    # after the scale the magnitude is mean|o~| by construction; before it, it is not
+    assert metrics["turn_reward_scaled_abs_mean"] == pytest.approx(
+        metrics["outcome_z_abs_mean"], rel=1e-4)
+    assert metrics["turn_reward_z_abs_mean"] != pytest.approx(metrics["outcome_z_abs_mean"],
+                                                              rel=1e-2)

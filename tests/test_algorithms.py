@@ -10,9 +10,11 @@ from trainers.algorithms import (
     Advantages,
     Algorithm,
     IGPOConfig,
+    Placebo,
     PolicyGradientConfig,
     available_algorithms,
     make_algorithm,
+    placebo_signs,
     register_algorithm,
 )
 from trainers.batch import collate
@@ -134,3 +136,39 @@ def test_igpo_end_to_end_on_a_tiny_model():
     for key in ("ig/visit_mean", "format_error_rate", "format_error_rate_final"):
         assert key in adv_metrics and key not in metrics
     assert adv_metrics["format_error_rate"] == pytest.approx(2 / 8)
+
+
+def many_trajectories(n=16):
+    return collate([synthetic_record([("visit",), ("answer", 3, 0)], group_id=i // 4,
+                                     outcome=float(i % 2), seed=100 + i) for i in range(n)])
+
+
+@pytest.mark.parametrize("name", ["toy_constant", "grpo", "igpo"])
+def test_placebo_flips_whole_trajectories_by_a_seeded_sign(name):
+    batch = many_trajectories()
+    batch = batch.replace(boundary_scores=torch.tensor([[-2.0, -1.0, float("nan")]] * 16))
+    config = make_algorithm(name).config_class(placebo=True, placebo_seed=3)
+    placebo = make_algorithm(name, config)
+    assert isinstance(placebo, Placebo) and placebo.inner.name == name
+    assert placebo.needs_probe_scores == (name == "igpo")
+    real_config = make_algorithm(name).config_class()
+    real = make_algorithm(name, real_config)
+    rewards = real.turn_rewards(batch)
+    real_tokens, _ = real.advantages(batch, rewards)
+    tokens, metrics = placebo.advantages(batch, placebo.turn_rewards(batch))
+    signs = placebo_signs(batch, 3)
+    assert set(signs.tolist()) == {1.0, -1.0}  # 16 fair coins: both sides (fixed seed)
+    assert torch.equal(tokens, real_tokens * signs[:, None])  # whole trajectories flipped
+    assert metrics["placebo_negated_fraction"] == float((signs < 0).float().mean())
+    # a pure function of the seed and the trajectories: same inputs, same signs
+    assert torch.equal(placebo_signs(batch, 3), signs)
+    assert torch.equal(placebo_signs(batch.select(range(8, 16)), 3), signs[8:])
+    assert not torch.equal(placebo_signs(batch, 4), signs)
+
+
+def test_placebo_is_an_option_of_the_run_config():
+    from trainers.rl.config import AlgorithmSettings
+
+    algorithm = AlgorithmSettings(name="igpo", options={"placebo": True, "gamma": 0.9}).build()
+    assert isinstance(algorithm, Placebo) and algorithm.config.gamma == 0.9
+    assert not isinstance(AlgorithmSettings(name="igpo").build(), Placebo)

@@ -45,10 +45,12 @@ def _prompts(tokenizer: Any) -> list[list[int]]:
             ("the mayor", "the city by the river met", "painter at noon the mayor of the city")]
 
 
-def _reference_logprobs(model: Any, prompt: list[int], generated: list[int]) -> list[float]:
+def _reference_logprobs(model: Any, prompt: list[int], generated: list[int],
+                        temperature: float = 1.0) -> list[float]:
+    """log_softmax(logits / temperature) of each generated id (raw for temperature 0)."""
     with torch.no_grad():
         logits = model(torch.tensor([prompt + generated])).logits[0].float()
-    log_probs = torch.log_softmax(logits, dim=-1)
+    log_probs = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
     return [float(log_probs[len(prompt) - 1 + k, token]) for k, token in enumerate(generated)]
 
 
@@ -63,19 +65,20 @@ def test_batched_left_padded_generation_equals_single_requests(engine, tokenizer
     assert len({tuple(r.token_ids) for r in batched}) > 1
 
 
-def test_logprobs_are_raw_model_logprobs_of_the_sampled_ids(engine, tokenizer):
+def test_logprobs_are_the_tempered_model_logprobs_of_the_sampled_ids(engine, tokenizer):
     prompt = _prompts(tokenizer)[1]
     for request in (GenerationRequest(prompt, max_new_tokens=10, temperature=0),
                     GenerationRequest(prompt, max_new_tokens=10, temperature=0.7, top_k=5,
                                       top_p=0.9, seed=3)):
         result = engine.generate([request])[0]
-        expected = _reference_logprobs(engine.model, prompt, result.token_ids)
+        expected = _reference_logprobs(engine.model, prompt, result.token_ids,
+                                       request.temperature)
         assert result.logprobs == pytest.approx(expected, abs=1e-5)
 
 
 def test_the_engine_and_the_single_conversation_policy_sample_alike(engine, tokenizer):
     """One sampling rule (trainers.sampling): for the same model, prompt, settings and seed,
-    the batched engine and TransformersPolicy pick the same ids with the same raw log-probs,
+    the batched engine and TransformersPolicy pick the same ids with the same log-probs,
     greedy and sampled."""
     from trainers.policy import TransformersPolicy
     from trainers.tokenization import ChatTokenizer
@@ -91,8 +94,9 @@ def test_the_engine_and_the_single_conversation_policy_sample_alike(engine, toke
             banned_token_ids=policy.banned_ids, seed=5, **settings)])[0]
         assert turn.token_ids == result.token_ids
         assert turn.logprobs == pytest.approx(result.logprobs, abs=1e-5)
-        expected = _reference_logprobs(engine.model, prompt, result.token_ids)
-        assert turn.logprobs == pytest.approx(expected, abs=1e-5)  # raw, not tempered
+        expected = _reference_logprobs(engine.model, prompt, result.token_ids,
+                                       settings["temperature"])
+        assert turn.logprobs == pytest.approx(expected, abs=1e-5)  # logits / temperature
 
 
 def test_sample_token_top_p_drops_a_token_once_the_tokens_before_it_cover_top_p():

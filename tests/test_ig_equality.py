@@ -226,3 +226,29 @@ def test_scores_ignore_dropout_and_keep_the_training_mode():
     second = reference_probe_scores(model, ids, boundaries, probes)
     assert (first - second).abs().max().item() < TOLERANCE
     assert model.training
+
+
+def test_contrastive_scores_are_gold_minus_mean_distractor_in_the_same_forward(models):
+    model, batch = models["qwen3"], ig_batch()
+    gold = [random_probes(seed=7, answer_lengths=(2, 1))] * batch.batch_size
+    wrong = [random_probes(seed=8, answer_lengths=(3, 2, 1))] * batch.batch_size
+    config = RewardConfig(ig_baseline="contrastive")
+    slots = probe_slots(batch, config)
+    temperature = InformationGainConfig(temperature=0.8)
+    contrastive = score_batch(model, batch, gold, slots, temperature, distractors=wrong)
+    plain = score_batch(model, batch, gold, slots, temperature)
+    positions = boundary_positions(batch)
+    for row in range(batch.batch_size):
+        length = int(batch.lengths[row])
+        selected = slots[row].nonzero().flatten()
+        if not len(selected):
+            continue  # no visit: nothing probed
+        ids = batch.input_ids[row, :length]
+        g = reference_probe_scores(model, ids, positions[row, selected], gold[row], 0.8)
+        d = reference_probe_scores(model, ids, positions[row, selected], wrong[row], 0.8)
+        expected = best_answer_scores(g) - d.mean(dim=-1)
+        assert (contrastive.boundary_scores[row, selected] - expected).abs().max() < TOLERANCE
+    # the same behaviour log-probs (up to float order: more probes can switch the backend)
+    assert (contrastive.old_logprobs - plain.old_logprobs).abs().max() < TOLERANCE
+    with pytest.raises(ValueError, match="at least one distractor"):
+        score_batch(model, batch, gold, slots, distractors=[[]] * batch.batch_size)

@@ -9,6 +9,7 @@ from trainers.batch import collate
 from trainers.rewards import (
     RewardConfig,
     TurnRole,
+    distractor_answers,
     ig_reference_slots,
     outcome_rewards,
     probe_slots,
@@ -119,3 +120,50 @@ def test_outcome_rewards_put_the_raw_outcome_on_the_last_turn_only():
     # IGPO's rewards of the same batch (no browse turn, so no IG): the malformed final
     # turn gets the penalty instead.
     assert turn_rewards(batch, RewardConfig()).outcome.tolist() == [-1.0, 1.0]
+
+
+def test_previous_turn_baseline_measures_each_visit_from_the_turn_before_it():
+    batch = mixed_batch()
+    config = RewardConfig(ig_baseline="previous_turn")
+    # IG turns 1 and 4, measured from slots 1 (end of turn 0) and 4 (end of turn 3)
+    assert ig_reference_slots(batch, config)[0, [1, 4]].tolist() == [1, 4]
+    assert probe_slots(batch, config)[0].nonzero().flatten().tolist() == [1, 2, 4, 5]
+    scores = torch.tensor([[NAN, -3.5, -3.0, NAN, -2.5, -1.0, NAN, NAN]])
+    rewards = turn_rewards(batch.replace(boundary_scores=scores), config)
+    assert rewards.reward[0].tolist() == [0.0, 0.5, 0.0, -1.0, 1.5, 0.0, 1.0]
+
+
+def test_ig_baseline_options_are_checked():
+    with pytest.raises(ValueError, match="ig_baseline"):
+        RewardConfig(ig_baseline="question-only")
+    with pytest.raises(ValueError, match="ig_kind 'log'"):
+        RewardConfig(ig_baseline="contrastive", ig_kind="prob")
+    with pytest.raises(ValueError, match="ig_distractors"):
+        RewardConfig(ig_distractors=0)
+
+
+def test_distractor_answers_are_other_groups_first_answers():
+    answers = [["Paris", "paris city"], ["Paris"], ["1990"], ["1990"], ["Rome"], ["PARIS "]]
+    group_ids = torch.tensor([0, 0, 1, 1, 2, 3])
+    assert distractor_answers(answers, group_ids, count=4) == [
+        ["1990", "Rome"],  # group 3's "PARIS " is a gold answer of the row: skipped
+        ["1990", "Rome"],
+        ["Rome", "PARIS "],  # from the group after its own, wrapping around
+        ["Rome", "PARIS "],
+        ["PARIS ", "1990"],  # group 0's "Paris" is the same answer again: skipped
+        ["1990", "Rome"],
+    ]
+    assert distractor_answers(answers, group_ids, count=1)[2] == ["Rome"]
+    assert distractor_answers([["a"], ["a"]], torch.tensor([0, 0]), 4) == [[], []]
+
+
+def test_igpo_asks_for_distractors_only_when_contrastive():
+    from trainers.algorithms import IGPOConfig, make_algorithm
+
+    batch = collate([synthetic_record([("visit",), ("answer",)], group_id=g) for g in (0, 1)])
+    answers = [["x"], ["y"]]
+    assert make_algorithm("igpo").probe_distractors(batch, answers) is None
+    contrastive = make_algorithm("igpo", IGPOConfig(reward=RewardConfig(
+        ig_baseline="contrastive")))
+    assert contrastive.probe_distractors(batch, answers) == [["y"], ["x"]]
+    assert make_algorithm("grpo").probe_distractors(batch, answers) is None

@@ -11,6 +11,7 @@ from trainers.losses import (
     kl_k3,
     ppo_loss,
     token_logprobs_and_entropy,
+    turn_token_weights,
 )
 
 NO_KL = LossConfig(kl_coef=0.0)
@@ -112,6 +113,43 @@ def test_token_mean_and_seq_mean():
     assert aggregate(values, mask, "token-mean").item() == pytest.approx(10 / 4)
     # seq-mean: rows with tokens only: (4 + 2) / 2
     assert aggregate(values, mask, "seq-mean").item() == pytest.approx(3.0)
+    assert aggregate(values, mask, "seq-mean-token-mean").item() == pytest.approx(3.0)  # verl's name
+
+
+def test_turn_weight_cap_hand_numbers():
+    # row 0: turn 0 has 2 tokens, turn 1 has 5 (a long, cut-off turn); row 1: one turn of 3
+    turn_index = torch.tensor([[-1, 0, 0, -1, 1, 1, 1, 1, 1], [-1, 0, 0, 0, -1, -1, -1, -1, -1]])
+    mask = turn_index >= 0
+    weights = turn_token_weights(turn_index, mask, cap=2)
+    assert weights[0].tolist() == pytest.approx([0, 1, 1, 0, 0.4, 0.4, 0.4, 0.4, 0.4])
+    assert weights[1].tolist() == pytest.approx([0, 2 / 3, 2 / 3, 2 / 3, 0, 0, 0, 0, 0])
+
+    # In the loss: ratio 1 everywhere, so the per-token loss is -A; token-mean keeps its
+    # denominator (10 policy tokens): turn 1 counts as 2 tokens, not 5.
+    advantages = torch.tensor([[0.0, 1.0, 1.0, 0.0, -1.0, -1.0, -1.0, -1.0, -1.0],
+                               [0.0, 1.0, 1.0, 1.0, 0, 0, 0, 0, 0]])
+    logp = torch.zeros(2, 9)
+    plain, _ = ppo_loss(logp, logp, advantages, mask, NO_KL)
+    assert plain.item() == pytest.approx((-2 + 5 - 3) / 10)
+    capped, metrics = ppo_loss(logp, logp, advantages, mask, NO_KL, token_weights=weights)
+    assert capped.item() == pytest.approx((-2 + 5 * 0.4 - 3 * 2 / 3) / 10)
+    assert metrics["token_weight_mean"] == pytest.approx((2 + 2 + 2) / 10)
+    with pytest.raises(ValueError, match="turn_weight_cap"):
+        LossConfig(turn_weight_cap=0)
+
+
+def test_algorithm_loss_applies_the_turn_weight_cap():
+    from trainers.algorithms import IGPOConfig, make_algorithm
+    from trainers.batch import collate
+    from trainers.synthetic import synthetic_record
+
+    batch = collate([synthetic_record([("search", 2), ("invalid", 6, 4, False), ("answer", 2)])])
+    advantages = torch.where(batch.loss_mask, 1.0, 0.0)
+    batch = batch.replace(advantages=advantages, old_logprobs=torch.zeros(batch.input_ids.shape))
+    logprobs = torch.zeros(batch.input_ids.shape)
+    loss_config = LossConfig(kl_coef=0.0, turn_weight_cap=3)
+    loss, _ = make_algorithm("igpo", IGPOConfig(loss=loss_config)).loss(batch, logprobs)
+    assert loss.item() == pytest.approx(-(2 + 3 + 2) / 10)  # the 6-token turn counts as 3
 
 
 def test_entropy_bonus_and_metric():

@@ -18,6 +18,7 @@ import pytest
 import torch
 import yaml
 
+from trainers.batch import collate
 from trainers.data.oracle_data import world_texts
 from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
 from trainers.rl.checkpoint import latest_rl_checkpoint
@@ -248,3 +249,68 @@ def test_ray_fsdp_learners_match_one_learner_and_resume_exactly(tmp_path, policy
     ddp = Learner(policy_dir, config.algorithm.build(), lr=1e-3)
     with pytest.raises(ValueError, match="fsdp"):
         ddp.load(latest_rl_checkpoint(tmp_path / "fsdp"))
+
+
+def test_learner_logprobs_equal_engine_logprobs_at_a_rollout_temperature_below_one(
+        tmp_path, policy_dir):
+    """One convention (trainers.sampling): the engine reports log_softmax(logits / T) of the
+    ids it sampled and the learner scores them the same way, so the drift is ~0 at T != 1
+    (with a raw engine log-prob it would be the gap between the two distributions)."""
+    config = small_config(policy_dir, tmp_path, steps=1)
+    config.rollout.temperature = 0.7
+    config.eval.before = False
+    result = train(config)
+    assert result.history[0]["rollout_logprob_diff_max"] < 1e-4
+
+
+def test_learner_logprobs_divide_the_logits_by_the_temperature(policy_dir):
+    from trainers.batch import TrajectoryRecord
+    from trainers.losses import token_logprobs_and_entropy
+    from trainers.models import load_policy
+    from trainers.rl.workers import policy_token_logprobs
+
+    model, _, _ = load_policy(policy_dir)
+    batch = collate([TrajectoryRecord(
+        input_ids=list(range(5, 13)), loss_mask=[0, 0, 1, 1, 0, 1, 1, 1],
+        turn_index=[-1, -1, 0, 0, -1, 1, 1, 1], turn_ends=[5, 8], question_end=2,
+        turn_kinds=["search", "answer"], turn_format_ok=[True, True], group_id=0, outcome=1.0)])
+    with torch.no_grad():
+        tempered, _ = policy_token_logprobs(model, batch, torch.device("cpu"), temperature=0.5)
+        raw, _ = policy_token_logprobs(model, batch, torch.device("cpu"))
+        logits = model(input_ids=batch.input_ids).logits
+        expected, _ = token_logprobs_and_entropy(logits, batch.input_ids, temperature=0.5)
+    mask = batch.loss_mask
+    assert torch.allclose(tempered[mask], expected[mask], atol=1e-5)
+    assert not torch.allclose(tempered[mask], raw[mask], atol=1e-3)
+
+
+def test_two_mini_batches_make_the_clip_engage(policy_dir):
+    """With one mini-batch and one epoch the ratio is exactly 1; with two, the second
+    mini-batch is scored by the policy after the first optimizer step."""
+    from trainers.algorithms import PolicyGradientConfig, make_algorithm
+    from trainers.losses import LossConfig
+    from trainers.rl.config import LearnerConfig
+    from trainers.rl.driver import update
+    from trainers.rl.worker_group import InProcess, WorkerGroup, WorkerSpec
+    from trainers.rl.workers import Learner
+    from trainers.synthetic import synthetic_record
+
+    assert LearnerConfig().mini_batches == 2  # the default
+    records = [synthetic_record([("search", 6), ("answer", 5, 0)], group_id=i // 2,
+                                outcome=float(i % 2), vocab_size=2048, seed=i) for i in range(8)]
+    batch = collate(records)
+    advantages = torch.where(batch.loss_mask, torch.tensor([1.0, -1.0] * 4)[:, None], 0.0)
+    clip = {}
+    for mini_batches in (1, 2):
+        algorithm = make_algorithm("grpo", PolicyGradientConfig(loss=LossConfig(kl_coef=0.0)))
+        learners = WorkerGroup(InProcess(), [WorkerSpec(Learner, (policy_dir, algorithm), dict(
+            lr=0.02, micro_batch_size=4, use_gpu=False))])
+        scored = learners.call_first("logprobs_and_probe_scores", batch, [["x"]] * 8)
+        ready = batch.replace(old_logprobs=scored["old_logprobs"], advantages=advantages)
+        metrics = update(learners, ready, LearnerConfig(mini_batches=mini_batches))
+        clip[mini_batches] = metrics["clip_fraction"]
+        if mini_batches == 1:
+            assert metrics["ratio_min"] == pytest.approx(1.0, abs=1e-5)
+            assert metrics["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert clip[1] == 0.0
+    assert clip[2] > 0.0  # averaged over both steps: the second one clips

@@ -23,8 +23,24 @@ INFO_GAIN or OUTCOME turn, i.e. of the browse turn whose segment it belongs to; 
 no discount step. Each turn's A is broadcast to that turn's policy tokens only, never to
 tool or prompt tokens.
 
-Deviation noted from one public release: normalisation happens before discounting (that
-release discounted raw rewards and normalised afterwards, mixing scales).
+Format isolation (`format_isolated`, IGPO's default): a PENALTY turn's advantage is its own
+normalised penalty only, A_k = min(r~_k, 0), and the discount chain skips PENALTY turns
+(A_k of an earlier turn = r~_k + gamma * A of the next INFO_GAIN / OUTCOME turn). A
+malformed OUTCOME turn keeps its o~ (the trajectory's outcome), clamped at 0 from above.
+So a malformed turn never gets a positive advantage, and a penalty never lands on the
+valid turns before it.
+
+Deviations
+* Normalisation happens before discounting (one public release discounted raw rewards and
+  normalised afterwards, mixing scales).
+* Format isolation. The paper's return A_k = r~_k + gamma * A_{k+1} runs through every
+  reward-bearing turn, so a malformed turn followed by a good answer gets a positive
+  advantage (its sampled tokens are reinforced) and a valid search followed by malformed
+  turns collects their penalties. On the demo's tiny policy 20% of malformed-turn tokens got
+  a positive advantage and a valid search followed by 7 malformed turns got A = -2.29.
+  Penalties still join the group's turn-reward pool (a valid turn is rated against the
+  group's malformed ones); the clamp matters only where a penalty's z-score comes out
+  positive (IGs below -format_penalty). `format_isolated: false` restores the paper's chain.
 """
 
 from __future__ import annotations
@@ -76,7 +92,7 @@ def ig_scale(outcome_z: torch.Tensor, turn_z: torch.Tensor, turn_valid: torch.Te
 
 
 def discounted_turn_advantages(turn_values: torch.Tensor, role: torch.Tensor,
-                               gamma: float) -> torch.Tensor:
+                               gamma: float, isolate_penalties: bool = False) -> torch.Tensor:
     """Backward discounted return over reward-bearing turns.
 
     turn_values: [B, T] float, normalised turn reward r~ at INFO_GAIN / PENALTY turns and o~
@@ -84,6 +100,8 @@ def discounted_turn_advantages(turn_values: torch.Tensor, role: torch.Tensor,
     float32: A = o~ at the outcome turn, A = r~ + gamma * A_next at INFO_GAIN / PENALTY
     turns (A_next: the next reward-bearing turn's A), at carrier turns the A of the next
     INFO_GAIN or OUTCOME turn, 0 on padding.
+    isolate_penalties: a PENALTY turn's A is its own value (no discounted future) and the
+    chain skips it (the turns before it discount from the next INFO_GAIN / OUTCOME turn).
     """
     B, T = turn_values.shape
     advantages = torch.zeros(B, T, device=turn_values.device)
@@ -95,10 +113,13 @@ def discounted_turn_advantages(turn_values: torch.Tensor, role: torch.Tensor,
         value, kind = turn_values[:, t].float(), role[:, t]
         current = torch.where(kind == TurnRole.OUTCOME, value, value + gamma * next_reward_turn)
         current = torch.where(kind == TurnRole.CARRIER, next_segment_end, current)
+        if isolate_penalties:
+            current = torch.where(kind == TurnRole.PENALTY, value, current)
         current = torch.where(kind >= 0, current, torch.zeros_like(current))
         advantages[:, t] = current
-        bears_reward = (kind == TurnRole.OUTCOME) | (kind == TurnRole.INFO_GAIN) | (
-            kind == TurnRole.PENALTY)
+        bears_reward = (kind == TurnRole.OUTCOME) | (kind == TurnRole.INFO_GAIN)
+        if not isolate_penalties:
+            bears_reward |= kind == TurnRole.PENALTY
         next_reward_turn = torch.where(bears_reward, current, next_reward_turn)
         ends_segment = (kind == TurnRole.OUTCOME) | (kind == TurnRole.INFO_GAIN)
         next_segment_end = torch.where(ends_segment, current, next_segment_end)
@@ -107,11 +128,19 @@ def discounted_turn_advantages(turn_values: torch.Tensor, role: torch.Tensor,
 
 def igpo_turn_advantages(rewards: TurnRewards, group_ids: torch.Tensor,
                          mode: str = "scaled_separate", gamma: float = 0.95,
-                         scale_bounds: tuple[float, float] = (0.3, 10.0)
+                         scale_bounds: tuple[float, float] = (0.3, 10.0),
+                         format_isolated: bool = False, malformed: torch.Tensor | None = None
                          ) -> tuple[torch.Tensor, dict[str, float]]:
     """Turn-level IGPO advantages [B, T] and diagnostics.
 
     rewards: TurnRewards ([B, T] reward and role); group_ids: [B] int64.
+    format_isolated: PENALTY turns keep their own normalised penalty and leave the discount
+        chain; every malformed turn's A is clamped at 0 from above (module docstring).
+    malformed: [B, T] bool, the malformed turns (a malformed final turn is an OUTCOME turn,
+        so the roles alone do not show it); default: the PENALTY turns.
+    Metrics: `turn_reward_z_abs_mean` is mean|r~| before IG-Scale, `ig_scale` the scale,
+    `turn_reward_scaled_abs_mean` mean|r~| after it; with malformed turns,
+    `malformed_positive_fraction` is the share of them whose A is > 0.
     """
     if mode not in NORMALIZATION_MODES:
         raise ValueError(f"mode must be one of {NORMALIZATION_MODES}, got {mode!r}")
@@ -133,15 +162,24 @@ def igpo_turn_advantages(rewards: TurnRewards, group_ids: torch.Tensor,
         outcome_z = group_zscore(outcome, group_ids)
         turn_z = group_zscore(reward.reshape(-1), turn_groups.reshape(-1),
                               is_turn_reward.reshape(-1)).view(B, T)
-        if mode == "scaled_separate":
-            scale = ig_scale(outcome_z, turn_z, is_turn_reward, *scale_bounds)
-            turn_z = turn_z * scale
-            metrics["ig_scale"] = float(scale)
-    values = torch.where(is_outcome, outcome_z[:, None].expand(B, T), turn_z)
-    advantages = discounted_turn_advantages(values, role, gamma)
-    metrics["outcome_z_abs_mean"] = float(outcome_z.abs().mean())
-    if is_turn_reward.any():
+    if is_turn_reward.any():  # before IG-Scale: after it, it would equal outcome_z_abs_mean
         metrics["turn_reward_z_abs_mean"] = float(turn_z[is_turn_reward].abs().mean())
+    if mode == "scaled_separate":
+        scale = ig_scale(outcome_z, turn_z, is_turn_reward, *scale_bounds)
+        turn_z = turn_z * scale
+        metrics["ig_scale"] = float(scale)
+        if is_turn_reward.any():
+            metrics["turn_reward_scaled_abs_mean"] = float(turn_z[is_turn_reward].abs().mean())
+    values = torch.where(is_outcome, outcome_z[:, None].expand(B, T), turn_z)
+    advantages = discounted_turn_advantages(values, role, gamma, isolate_penalties=format_isolated)
+    if malformed is None:
+        malformed = role == TurnRole.PENALTY
+    malformed = malformed & (role >= 0)
+    if format_isolated:
+        advantages = torch.where(malformed, advantages.clamp(max=0.0), advantages)
+    metrics["outcome_z_abs_mean"] = float(outcome_z.abs().mean())
+    if malformed.any():
+        metrics["malformed_positive_fraction"] = float((advantages[malformed] > 0).float().mean())
     return advantages, metrics
 
 

@@ -25,10 +25,19 @@ Adding an algorithm is one file (docs/algorithms.md):
 `turn_rewards` defaults to the outcome on each trajectory's last turn; the loss defaults to
 the PPO/GRPO clipped surrogate of trainers.losses with the config's LossConfig; override
 either for something else.
+
+Placebo control: every algorithm whose config inherits PolicyGradientConfig takes
+`placebo: true`; make_algorithm then wraps it in `Placebo`, which multiplies each
+trajectory's advantages by a random sign, +1 or -1, drawn from a hash of `placebo_seed` and
+the trajectory's token ids (a pure function of the batch: the same run seed gives the same
+trajectories and so the same signs, and a resumed run draws exactly the signs of the
+uninterrupted one). The update then has the real run's magnitudes, clipping and step
+sizes but no signal: learning beyond the placebo is learning from the rewards.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
@@ -43,10 +52,11 @@ from trainers.advantages import (
     rloo_advantages,
 )
 from trainers.batch import RolloutBatch
-from trainers.losses import LossConfig, ppo_loss
+from trainers.losses import LossConfig, ppo_loss, turn_token_weights
 from trainers.rewards import (
     RewardConfig,
     TurnRewards,
+    distractor_answers,
     outcome_rewards,
     probe_slots,
     turn_reward_metrics,
@@ -84,18 +94,27 @@ def available_algorithms() -> list[str]:
 
 
 def make_algorithm(name: str, config: Any = None) -> Algorithm:
-    """An instance of the algorithm registered as `name` (config: its config dataclass)."""
+    """An instance of the algorithm registered as `name` (config: its config dataclass);
+    wrapped in `Placebo` when the config says `placebo: true`."""
     if name not in _REGISTRY:
         raise KeyError(f"unknown algorithm {name!r}; registered: {available_algorithms()}")
-    return _REGISTRY[name](config)
+    algorithm = _REGISTRY[name](config)
+    if getattr(algorithm.config, "placebo", False):
+        return Placebo(algorithm)
+    return algorithm
 
 
 @dataclass
 class PolicyGradientConfig:
-    """Base config: every algorithm has a policy loss."""
+    """Base config: every algorithm has a policy loss (and can run as a placebo)."""
 
     loss: LossConfig = field(default_factory=LossConfig, metadata={
         "help": "clipped-surrogate loss settings (trainers.losses.LossConfig)"})
+    placebo: bool = field(default=False, metadata={
+        "help": "placebo control: multiply each trajectory's advantages by a random +1/-1 "
+                "(same magnitudes, no signal); see trainers.algorithms"})
+    placebo_seed: int = field(default=0, metadata={
+        "help": "placebo: seed hashed with each trajectory's token ids into its sign"})
 
 
 class Algorithm:
@@ -117,6 +136,12 @@ class Algorithm:
         probe scores). Default: each trajectory's outcome on its last turn."""
         return outcome_rewards(batch)
 
+    def probe_distractors(self, batch: RolloutBatch, answers: list[list[str]]
+                          ) -> list[list[str]] | None:
+        """Per row, wrong answers the learners score alongside the gold ones (contrastive
+        IG), or None (the default: no distractors)."""
+        return None
+
     def advantages(self, batch: RolloutBatch, rewards: TurnRewards) -> Advantages:
         """[B, L] token advantages and diagnostics from the batch and its turn rewards."""
         raise NotImplementedError
@@ -131,9 +156,13 @@ class Algorithm:
         if logprobs.shape != batch.input_ids.shape:
             raise ValueError(f"logprobs must be [B, L] = {list(batch.input_ids.shape)}, got "
                              f"{list(logprobs.shape)}")
+        cap = self.config.loss.turn_weight_cap
+        weights = None if cap is None else turn_token_weights(batch.turn_index,
+                                                              batch.loss_mask, cap)
         loss, metrics = ppo_loss(logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask,
                                  self.config.loss, ref_logprobs=batch.ref_logprobs,
-                                 engine_logprobs=batch.engine_logprobs, entropy=entropy)
+                                 engine_logprobs=batch.engine_logprobs, entropy=entropy,
+                                 token_weights=weights)
         return loss, metrics
 
 
@@ -150,6 +179,10 @@ class IGPOConfig(PolicyGradientConfig):
     ig_scale_min: float = field(default=0.3, metadata={
         "help": "IG-Scale floor on mean|o~| (keeps IG alive when outcomes are all equal)"})
     ig_scale_max: float = field(default=10.0, metadata={"help": "IG-Scale upper bound"})
+    format_isolated: bool = field(default=True, metadata={
+        "help": "a malformed turn's advantage is its own normalised penalty (never > 0) and "
+                "discounting skips penalties, so they stay on their turn (trainers.advantages); "
+                "false: the paper's chain through every reward-bearing turn"})
 
     def __post_init__(self) -> None:
         if self.normalization not in NORMALIZATION_MODES:
@@ -171,10 +204,19 @@ class IGPO(Algorithm):
         """Information gain, format penalty and outcome per turn (trainers.rewards)."""
         return turn_rewards(batch, self.config.reward)
 
+    def probe_distractors(self, batch: RolloutBatch, answers: list[list[str]]
+                          ) -> list[list[str]] | None:
+        """Other tasks' gold answers when ig_baseline is 'contrastive' (else None)."""
+        if self.config.reward.ig_baseline != "contrastive":
+            return None
+        return distractor_answers(answers, batch.group_ids, self.config.reward.ig_distractors)
+
     def advantages(self, batch: RolloutBatch, rewards: TurnRewards) -> Advantages:
         turn_advantages, metrics = igpo_turn_advantages(
             rewards, batch.group_ids, self.config.normalization, self.config.gamma,
-            (self.config.ig_scale_min, self.config.ig_scale_max))
+            (self.config.ig_scale_min, self.config.ig_scale_max),
+            format_isolated=self.config.format_isolated,
+            malformed=batch.turn_valid & ~batch.turn_format_ok)
         metrics.update(turn_reward_metrics(batch, rewards))
         tokens = broadcast_turn_advantages(turn_advantages, batch.turn_index, batch.loss_mask)
         return Advantages(tokens, metrics)
@@ -200,3 +242,45 @@ class RLOO(Algorithm):
         per_sequence = rloo_advantages(rewards.outcome, batch.group_ids)
         return Advantages(broadcast_sequence_advantages(per_sequence, batch.loss_mask),
                           {"advantage_abs_mean": float(per_sequence.abs().mean())})
+
+
+def placebo_signs(batch: RolloutBatch, seed: int) -> torch.Tensor:
+    """[B] float32 of +1 / -1: one sign per trajectory from a hash of `seed` and its real
+    token ids (pure: the same trajectories and seed always give the same signs)."""
+    signs = []
+    for row in range(batch.batch_size):
+        ids = batch.input_ids[row, :int(batch.lengths[row])].to(torch.int64).cpu().numpy()
+        digest = hashlib.sha256(seed.to_bytes(8, "little", signed=True) + ids.tobytes()).digest()
+        signs.append(1.0 if digest[0] & 1 else -1.0)
+    return torch.tensor(signs, device=batch.input_ids.device)
+
+
+class Placebo(Algorithm):
+    """The wrapped algorithm with each trajectory's advantages times a random sign
+    (placebo_signs). Everything else (probe slots, turn rewards, loss) is the wrapped one's."""
+
+    def __init__(self, inner: Algorithm) -> None:
+        self.inner = inner
+        self.config = inner.config
+        self.name = f"{inner.name}+placebo"
+        self.needs_probe_scores = inner.needs_probe_scores
+
+    def probe_slots(self, batch: RolloutBatch) -> torch.Tensor:
+        return self.inner.probe_slots(batch)
+
+    def probe_distractors(self, batch: RolloutBatch, answers: list[list[str]]
+                          ) -> list[list[str]] | None:
+        return self.inner.probe_distractors(batch, answers)
+
+    def turn_rewards(self, batch: RolloutBatch) -> TurnRewards:
+        return self.inner.turn_rewards(batch)
+
+    def advantages(self, batch: RolloutBatch, rewards: TurnRewards) -> Advantages:
+        tokens, metrics = self.inner.advantages(batch, rewards)
+        signs = placebo_signs(batch, self.config.placebo_seed)
+        return Advantages(tokens * signs[:, None].to(tokens.dtype),
+                          {**metrics, "placebo_negated_fraction": float((signs < 0).float().mean())})
+
+    def loss(self, batch: RolloutBatch, logprobs: torch.Tensor,
+             entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.inner.loss(batch, logprobs, entropy)

@@ -18,7 +18,14 @@ Two implementations that must agree (tests/test_ig_equality.py, within 1e-4 in f
   the trajectory are the same. Costs ~L + K * G * |probe| tokens.
 
 `score_batch` runs the fast path over a RolloutBatch and fills `boundary_scores` (best
-answer per boundary) and `old_logprobs`.
+answer per boundary) and `old_logprobs`. With distractor probes (wrong answers, e.g. other
+tasks' gold answers) it stores the contrastive score instead:
+
+    c[k] = max_g s[k, gold g] - mean_d s[k, distractor d]
+
+scored in the same packed forward. Any change of the history that moves every answer's
+log-prob alike (a turn that only makes "<answer>" more expected) cancels in c, so
+differences of c measure evidence for the gold answer rather than for answering.
 
 Deviation from the public code: the score of a boundary with several gold answers is the
 best (max) over answers, where the public code used the first answer only.
@@ -306,16 +313,26 @@ def boundary_positions(batch: RolloutBatch) -> torch.Tensor:
 
 
 def score_batch(model: torch.nn.Module, batch: RolloutBatch, probes: Sequence[Sequence[Probe]],
-                slots: torch.Tensor, config: InformationGainConfig | None = None) -> RolloutBatch:
+                slots: torch.Tensor, config: InformationGainConfig | None = None,
+                distractors: Sequence[Sequence[Probe]] | None = None) -> RolloutBatch:
     """Fill `boundary_scores` [B, T+1] (best answer, NaN where slots is False) and
     `old_logprobs` [B, L] with one packed forward per trajectory.
 
     probes: per trajectory, its gold-answer probes (rollouts of one group share them).
     slots:  [B, T+1] bool, which boundaries to probe (trainers.rewards.probe_slots).
+    distractors: per trajectory, wrong-answer probes (at least one each); the boundary score
+        becomes best gold score - mean distractor score (module docstring).
     """
     config = config or InformationGainConfig()
     if len(probes) != batch.batch_size:
         raise ValueError(f"need one probe list per trajectory ({batch.batch_size}), got {len(probes)}")
+    if distractors is not None:
+        if len(distractors) != batch.batch_size:
+            raise ValueError(f"need one distractor list per trajectory ({batch.batch_size}), "
+                             f"got {len(distractors)}")
+        if any(not wrong for wrong in distractors):
+            raise ValueError("contrastive probe scores need at least one distractor answer per "
+                             "trajectory (other tasks' answers: run >= 2 queries per step)")
     positions = boundary_positions(batch)
     if slots.shape != positions.shape:
         raise ValueError(f"slots must have shape {list(positions.shape)}, got {list(slots.shape)}")
@@ -327,9 +344,14 @@ def score_batch(model: torch.nn.Module, batch: RolloutBatch, probes: Sequence[Se
     for row in range(batch.batch_size):
         length = int(batch.lengths[row])
         selected = slots[row].nonzero().squeeze(-1)
+        row_probes = list(probes[row]) + (list(distractors[row]) if distractors else [])
         result = fast_probe_scores(model, batch.input_ids[row, :length].to(device),
-                                   positions[row, selected].to(device), probes[row], config,
+                                   positions[row, selected].to(device), row_probes, config,
                                    policy_mask=batch.loss_mask[row, :length].to(device))
-        scores[row, selected] = result.best.to(scores.device)
+        gold = len(probes[row])
+        best = best_answer_scores(result.scores[:, :gold])
+        if distractors:
+            best = best - result.scores[:, gold:].mean(dim=-1)
+        scores[row, selected] = best.to(scores.device)
         old_logprobs[row, :length] = result.policy_logprobs.to(old_logprobs.device)
     return batch.replace(boundary_scores=scores, old_logprobs=old_logprobs)

@@ -14,7 +14,16 @@ off was one of the peers' worst bugs (design.md "Pitfalls").
     loss    = agg(pg) + kl_coef * agg(kl_k3) - entropy_coef * agg(entropy)
 
 agg is token-mean (default: sum over all policy tokens of the batch / their count) or
-seq-mean (mean over trajectories of each trajectory's token mean).
+seq-mean (mean over trajectories of each trajectory's token mean; "seq-mean-token-mean" is
+verl's name for the same).
+
+Turn weight cap (`turn_weight_cap: n`): the policy-gradient term of a turn with m > n
+policy tokens has each token weighted n / m, so a turn counts as at most n tokens (the
+denominators stay the token / trajectory counts, so the learners' loss shares do not
+change). Why: turns cut at the per-turn token cap are long by construction; on the demo's
+tiny policy malformed turns, mostly cut ones, held ~59% of the policy tokens, so a
+token-mean loss was mostly about them. seq-mean limits a long trajectory's weight, not a
+long turn's within it; the cap limits the turn's. Off by default (the papers' token-mean).
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-AGGREGATIONS = ("token-mean", "seq-mean")
+AGGREGATIONS = ("token-mean", "seq-mean", "seq-mean-token-mean")
 KL_LOG_RATIO_CLAMP = 20.0  # keeps exp() finite when a token's log-ratio is extreme
 
 
@@ -38,7 +47,12 @@ class LossConfig:
         "help": "dual-clip constant c > 1 bounding the loss of negative-advantage tokens; "
                 "None disables"})
     aggregation: str = field(default="token-mean", metadata={
-        "help": "token-mean over all policy tokens of the batch, or seq-mean"})
+        "help": "token-mean over all policy tokens of the batch, or seq-mean (= verl's "
+                "seq-mean-token-mean: each trajectory's token mean, averaged)"})
+    turn_weight_cap: int | None = field(default=None, metadata={
+        "help": "a turn with more policy tokens than this counts as this many in the "
+                "policy-gradient term (each token weighted cap / its turn's tokens); limits "
+                "long, often cut-off turns; None = off"})
     kl_coef: float = field(default=0.001, metadata={
         "help": "weight of the k3 KL to the reference policy; 0 skips it (no ref log-probs)"})
     entropy_coef: float = field(default=0.0, metadata={
@@ -53,6 +67,9 @@ class LossConfig:
             raise ValueError(f"dual_clip must be > 1, got {self.dual_clip}")
         if self.tis_cap is not None and self.tis_cap <= 0:
             raise ValueError(f"tis_cap must be > 0, got {self.tis_cap}")
+        if self.turn_weight_cap is not None and self.turn_weight_cap < 1:
+            raise ValueError(f"turn_weight_cap must be >= 1 (tokens) or None, got "
+                             f"{self.turn_weight_cap}")
 
 
 def require_finite(name: str, values: torch.Tensor, mask: torch.Tensor) -> None:
@@ -70,12 +87,26 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean"
     maskf = mask.to(values.dtype)
     if mode == "token-mean":
         return (values * maskf).sum() / maskf.sum().clamp(min=1)
-    if mode == "seq-mean":
+    if mode in ("seq-mean", "seq-mean-token-mean"):
         tokens = maskf.sum(1)
         per_sequence = (values * maskf).sum(1) / tokens.clamp(min=1)
         has_tokens = tokens > 0
         return per_sequence[has_tokens].sum() / has_tokens.sum().clamp(min=1)
     raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {mode!r}")
+
+
+def turn_token_weights(turn_index: torch.Tensor, mask: torch.Tensor, cap: int) -> torch.Tensor:
+    """[B, L] float32 weights: min(1, cap / tokens of the token's turn) on the mask, 0 off it.
+
+    turn_index: [B, L] int64 turn of each policy token (-1 elsewhere); mask: [B, L] bool.
+    """
+    mask = mask.bool()
+    turns = turn_index.clamp(min=0)
+    width = int(turns.max()) + 1 if turns.numel() else 1
+    counts = torch.zeros(turn_index.shape[0], width, device=turn_index.device)
+    counts.scatter_add_(1, turns, mask.float())
+    per_token = counts.gather(1, turns).clamp(min=1)
+    return torch.where(mask, (cap / per_token).clamp(max=1.0), torch.zeros_like(per_token))
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -104,11 +135,13 @@ def clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
 def ppo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
              mask: torch.Tensor, config: LossConfig, ref_logprobs: torch.Tensor | None = None,
              engine_logprobs: torch.Tensor | None = None,
-             entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+             entropy: torch.Tensor | None = None,
+             token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Scalar policy loss and diagnostics.
 
     logprobs [B, L] (with grad), old_logprobs / advantages / ref_logprobs / engine_logprobs /
-    entropy [B, L], mask [B, L] bool. Raises FloatingPointError on non-finite inputs where
+    entropy / token_weights [B, L], mask [B, L] bool. token_weights (e.g. turn_token_weights)
+    multiply the policy-gradient term per token; the aggregation's denominators stay. Raises FloatingPointError on non-finite inputs where
     the mask is True, ValueError when a term's inputs are missing.
     """
     mask = mask.bool()
@@ -132,6 +165,9 @@ def ppo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: tor
         weight = torch.exp(old_logprobs - engine).clamp(max=config.tis_cap).detach()
         token_loss = token_loss * weight
         metrics["tis_weight_mean"] = float(aggregate(weight, mask))
+    if token_weights is not None:
+        token_loss = token_loss * torch.where(mask, token_weights.to(logprobs.dtype), zero).detach()
+        metrics["token_weight_mean"] = float(aggregate(token_weights.to(logprobs.dtype), mask))
     policy_loss = aggregate(token_loss, mask, config.aggregation)
     loss = policy_loss
     if config.kl_coef != 0.0:

@@ -68,7 +68,7 @@ class TransformersPolicy:
             (trainers.sampling; DR-Venus's inference option against loops). 0 = off.
 
     Tokens are chosen by trainers.sampling.sample_token, the rule the batched engine uses
-    too; the recorded log-probs are raw (before temperature), as the learner computes them.
+    too; the recorded log-probs are log_softmax(logits / temperature), as the learner computes them.
     """
 
     def __init__(self, model: Any, chat: ChatTokenizer, max_new_tokens: int = 256,

@@ -8,16 +8,20 @@ transformers engine (trainers.engines.hf.HFEngine) call this function on each po
 float logits, so the same logits and generator state give the same token and log-prob.
 
 Conventions
-* The reported log-prob is the *raw* one: log_softmax of the unmodified logits at the chosen
-  token. Temperature, top-k / top-p and banned ids change which token is picked, never the
-  number. The RL learner recomputes old / new log-probs at temperature 1 on the same logits
-  (trainers.rl.workers.policy_token_logprobs does not divide by the temperature), so rollout
-  log-probs compare with the learner's directly, and vLLM's default `logprobs_mode`
-  ("raw_logprobs") reports the same quantity (trainers.engines.base).
+* The reported log-prob is the sampling policy's: log_softmax(logits / temperature) at the
+  chosen token (for temperature 0, greedy, the unmodified logits'). top-k / top-p and
+  banned ids change which token is picked, never the number, so with top_p 1 and top_k 0
+  (the RL defaults) it is exactly the log-prob of the behaviour policy. The RL learner
+  computes old / new log-probs and the IG probe scores from logits / the rollout temperature
+  too (trainers.rl.workers.policy_token_logprobs), so rollout log-probs, the PPO ratio, TIS
+  and the rollout-drift metric all speak of the same distribution. At temperature 1 this is
+  the raw log-prob; vLLM reports the same quantity with `logprobs_mode="processed_logprobs"`
+  (its "raw_logprobs" ignores the temperature).
 * temperature 0 is greedy: the argmax of the logits with banned ids removed.
 * presence_penalty (OpenAI / vLLM semantics) subtracts the penalty once from the logit of
   every id in `seen_ids` (the ids generated so far in this request) before temperature,
-  top-k / top-p and greedy choice; 0 (the default) leaves the logits alone. DR-Venus's
+  top-k / top-p and greedy choice (the reported log-prob ignores it, like top-k / top-p);
+  0 (the default) leaves the logits alone. DR-Venus's
   inference uses it against repetition loops.
 * top_k keeps the k largest scaled logits (ties with the k-th are kept).
 * top_p (nucleus): sort descending; a token is dropped when the tokens before it already
@@ -27,7 +31,10 @@ Conventions
 * Sampling draws with `torch.multinomial` on the CPU from `generator` (a CPU generator), so
   a seeded request is reproducible whatever device computed the logits.
 
-Where we deviate and why: Hugging Face's `TopPLogitsWarper` keeps tokens while the
+Where we deviate and why: the log-prob follows the temperature (verl divides the learner's
+logits by the rollout temperature too); a raw log-prob at temperature != 1 would make the
+importance ratio of the very first update differ from 1 for no change of the policy.
+Hugging Face's `TopPLogitsWarper` keeps tokens while the
 ascending cumulative mass is > 1 - top_p, which differs from vLLM exactly at ties with the
 boundary; we follow vLLM because the vLLM engine is held to agree with the transformers one.
 """
@@ -43,7 +50,8 @@ def sample_token(logits: torch.Tensor, *, temperature: float = 0.0, top_p: float
                  top_k: int = 0, banned_ids: Sequence[int] = (),
                  generator: torch.Generator | None = None, presence_penalty: float = 0.0,
                  seen_ids: Sequence[int] = ()) -> tuple[int, float]:
-    """The next token from one position's logits and its raw log-prob (module header).
+    """The next token from one position's logits and its log-prob under
+    softmax(logits / temperature) (raw for temperature 0; module header).
 
     Args:
         logits: [vocab] float logits, unmodified (any device).
@@ -52,9 +60,10 @@ def sample_token(logits: torch.Tensor, *, temperature: float = 0.0, top_p: float
         banned_ids: ids never chosen (e.g. control tokens message text may not contain).
         generator: a CPU generator for the draw (None = torch's global one).
         presence_penalty, seen_ids: subtract the penalty from the logits of the ids seen
-            (module header); the reported log-prob stays raw.
+            (module header); like top-k / top-p it changes the pick, not the reported
+            log-prob.
     """
-    log_probs = torch.log_softmax(logits, dim=-1)
+    log_probs = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
     if presence_penalty and seen_ids:
         logits = logits.clone()
         logits[sorted(set(seen_ids))] -= presence_penalty

@@ -17,6 +17,10 @@ Defaults follow DR-Venus stage 2 (design.md "RL") where they make sense at any s
   not the behaviour policy's, which biases the importance ratio (set it if you accept that).
 * batch 16 queries x 8 rollouts and 200 turns / 256K context are cluster settings; the
   example configs shrink them to what a 2-core CPU runs in minutes.
+* learner.mini_batches defaults to 2 (verl's default splits the batch too): with one
+  mini-batch and one PPO epoch every update is on-policy, the ratio is exactly 1 and the
+  clipped surrogate is plain REINFORCE with no trust region. With two, the second
+  mini-batch is scored by the policy after the first step and clipping engages.
 """
 
 from __future__ import annotations
@@ -111,7 +115,9 @@ class LearnerConfig:
     grad_clip: float = help_field("Max global gradient norm (0 = off).", 1.0)
     ppo_epochs: int = help_field("Passes over each rollout batch.", 1)
     mini_batches: int = help_field("Optimizer steps per pass (the batch is split into this many "
-                                   "mini-batches of whole trajectories).", 1)
+                                   "mini-batches of whole trajectories). 2 by default: with "
+                                   "one mini-batch and one epoch the ratio is exactly 1 and "
+                                   "PPO clipping never engages.", 2)
     micro_batch_size: int = help_field("Trajectories per forward/backward on a learner.", 4)
     num_learners: int = help_field("Learner processes (torch.distributed); 1 = in the driver "
                                    "process unless the run is on Ray.", 1)
@@ -179,6 +185,8 @@ class RLConfig:
             (self.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
             (self.rollout.queries_per_step >= 1, "rollout.queries_per_step must be >= 1"),
             (self.rollout.engine in ("hf", "vllm"), "rollout.engine must be 'hf' or 'vllm'"),
+            (self.rollout.temperature > 0, "rollout.temperature must be > 0 (log-probs and "
+             "probe scores use logits / temperature; greedy rollouts have no gradient)"),
             (self.rollout.num_workers >= 0, "rollout.num_workers must be >= 0"),
             (self.learner.num_learners >= 1, "learner.num_learners must be >= 1"),
             (self.learner.micro_batch_size >= 1, "learner.micro_batch_size must be >= 1"),

@@ -127,7 +127,7 @@ def start_workers(config: RLConfig, algorithm: Any) -> Workers:
                     micro_batch_size=learner.micro_batch_size, backend=learner.backend,
                     strategy=learner.strategy, threads=config.policy.threads,
                     use_gpu=backend.uses_gpu(learner.gpus_per_learner), seed=config.run.seed,
-                    world_size=learner.num_learners)
+                    world_size=learner.num_learners, temperature=rollout.temperature)
     learners = WorkerGroup(backend, [WorkerSpec(
         Learner, (config.policy.path, algorithm), {**settings, "rank": rank},
         {"num_cpus": learner.cpus_per_learner, "num_gpus": learner.gpus_per_learner})
@@ -162,12 +162,15 @@ def to_batch(results: Sequence[RolloutResult], pad_token_id: int
     return collate(records, pad_token_id=pad_token_id), answers
 
 
-def score(learners: WorkerGroup, batch: RolloutBatch, answers: list[list[str]]
-          ) -> RolloutBatch:
-    """Old / reference log-probs and probe scores; learner r scores rows r, r + W, ..."""
+def score(learners: WorkerGroup, batch: RolloutBatch, answers: list[list[str]],
+          distractors: list[list[str]] | None = None) -> RolloutBatch:
+    """Old / reference log-probs and probe scores; learner r scores rows r, r + W, ...
+    distractors: per row, wrong answers for contrastive IG (Algorithm.probe_distractors)."""
     shards = deal_rows(batch.batch_size, learners.size)
     outputs = learners.call_each("logprobs_and_probe_scores", [
-        (batch.select(rows), [answers[i] for i in rows]) if rows else None for rows in shards])
+        (batch.select(rows), [answers[i] for i in rows],
+         None if distractors is None else [distractors[i] for i in rows])
+        if rows else None for rows in shards])
     return merge_scores(batch, shards, outputs)
 
 
@@ -268,7 +271,8 @@ def train(config: RLConfig, *, stop_after: int | None = None,
                 # 3-4. one batch; old / reference log-probs and information-gain probe scores
                 started = time.perf_counter()
                 batch, answers = to_batch(results, pad_id)
-                batch = score(learners, batch, answers)
+                batch = score(learners, batch, answers,
+                              algorithm.probe_distractors(batch, answers))
                 # 5. turn rewards, then advantages: pure functions of the scored batch
                 rewards = algorithm.turn_rewards(batch)
                 advantages = algorithm.advantages(batch, rewards)

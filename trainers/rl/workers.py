@@ -53,7 +53,7 @@ import transformers
 
 from trainers.batch import RolloutBatch
 from trainers.distributed import all_reduce_gradients
-from trainers.information_gain import score_batch
+from trainers.information_gain import InformationGainConfig, score_batch
 
 # load_tokenizer: the driver imports it from here.
 from trainers.models import BOOLEAN_LOGITS_TO_KEEP, load_policy, load_tokenizer  # noqa: F401
@@ -147,10 +147,11 @@ class RolloutWorker:
         self.group_env.close()
 
 
-def policy_token_logprobs(model: Any, batch: RolloutBatch, device: torch.device
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Aligned log-probs and entropies [B, L] at temperature 1, computed on policy tokens
-    only (0 elsewhere).
+def policy_token_logprobs(model: Any, batch: RolloutBatch, device: torch.device,
+                          temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Aligned log-probs and entropies [B, L] of softmax(logits / temperature), computed on
+    policy tokens only (0 elsewhere). temperature: the rollout temperature, so these are the
+    behaviour policy's log-probs, as the engines report them (trainers.sampling).
 
     The LM head and the softmax run only where loss_mask is True: with a 16K vocabulary the
     full [B, L, V] logits of a rollout batch are gigabytes, and only ~1 in 4 positions is a
@@ -174,7 +175,7 @@ def policy_token_logprobs(model: Any, batch: RolloutBatch, device: torch.device
         hidden = model.base_model(input_ids=input_ids,
                                   attention_mask=attention_mask).last_hidden_state
         logits = model.get_output_embeddings()(hidden[rows, positions - 1]).float()
-    log_probs = torch.log_softmax(logits, dim=-1)
+    log_probs = torch.log_softmax(logits / temperature, dim=-1)
     chosen = log_probs.gather(-1, input_ids[rows, positions, None]).squeeze(-1)
     entropy = -(log_probs.exp() * log_probs).sum(-1)
     logprob_grid = torch.zeros(input_ids.shape, dtype=chosen.dtype, device=device)
@@ -254,18 +255,24 @@ class Learner:
         use_gpu: train on CUDA when this process sees a GPU.
         threads: torch threads (0 = leave as is).
         seed: seeds python / numpy / torch in this process.
+        temperature: the rollout temperature; log-probs and probe scores use logits / it.
     """
 
     def __init__(self, policy_path: str, algorithm: Any, *, lr: float,
                  betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0,
                  grad_clip: float = 1.0, warmup_steps: int = 0, micro_batch_size: int = 4,
                  rank: int = 0, world_size: int = 1, master: str = "", backend: str = "auto",
-                 strategy: str = "ddp", use_gpu: bool = True, threads: int = 0, seed: int = 0):
+                 strategy: str = "ddp", use_gpu: bool = True, threads: int = 0, seed: int = 0,
+                 temperature: float = 1.0):
         if strategy not in ("ddp", "fsdp"):
             raise ValueError(f"strategy must be 'ddp' or 'fsdp', got {strategy!r}")
         if strategy == "fsdp" and world_size < 2:
             raise ValueError("strategy 'fsdp' shards over learners: it needs world_size >= 2")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (the rollout temperature; greedy "
+                             f"rollouts have no policy gradient), got {temperature}")
         self.strategy = strategy
+        self.temperature = float(temperature)
         if threads:
             torch.set_num_threads(threads)
         _seed_everything(seed)
@@ -329,17 +336,24 @@ class Learner:
         if self.strategy == "fsdp":
             self._shard()
 
-    def logprobs_and_probe_scores(self, batch: RolloutBatch, answers: list[list[str]]
+    def logprobs_and_probe_scores(self, batch: RolloutBatch, answers: list[list[str]],
+                                  distractors: list[list[str]] | None = None
                                   ) -> dict[str, torch.Tensor]:
         """old_logprobs, ref_logprobs (if KL) and boundary_scores (if the algorithm probes)
-        for every row of `batch` (the driver gives each learner a slice of rows)."""
+        for every row of `batch` (the driver gives each learner a slice of rows).
+        distractors: per row, wrong answers for contrastive probe scores (or None)."""
         out: dict[str, torch.Tensor] = {}
         with torch.no_grad():
             if self.probe_template is not None:
                 probes = [build_probes(self.tokenizer, self.probe_template, gold)
                           for gold in answers]
+                distractor_probes = None if distractors is None else [
+                    build_probes(self.tokenizer, self.probe_template, wrong)
+                    for wrong in distractors]
                 scored = score_batch(self.scorer, batch, probes,
-                                     self.algorithm.probe_slots(batch))
+                                     self.algorithm.probe_slots(batch),
+                                     InformationGainConfig(temperature=self.temperature),
+                                     distractors=distractor_probes)
                 out["boundary_scores"] = scored.boundary_scores
                 out["old_logprobs"] = scored.old_logprobs
             else:
@@ -480,7 +494,8 @@ class Learner:
     def _logprobs(self, model: Any, batch: RolloutBatch, grad: bool
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.set_grad_enabled(grad):
-            logprobs, entropy = policy_token_logprobs(model, batch, self.device)
+            logprobs, entropy = policy_token_logprobs(model, batch, self.device,
+                                                      self.temperature)
         return (logprobs.detach().cpu(), entropy.detach().cpu()) if not grad else \
             (logprobs, entropy)
 
