@@ -10,7 +10,8 @@
         rewards    = algorithm.turn_rewards(batch)      per turn: IG, format, outcome (pure)
         advantages = algorithm.advantages(batch, rewards)  normalise, discount, per token
         metrics    = update(learners, batch)            PPO epochs x mini-batches, all-reduced
-        engines   <- learner weights                    (weight sync)
+        engines   <- learner weights                    (weight sync; not with a served
+                                                         model: rollout.sync_weights)
         log metrics, save samples, checkpoint every save_every steps
 
 The worker verbs (trainers.rl.workers) run on worker groups (trainers.rl.worker_group):
