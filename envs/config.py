@@ -26,9 +26,12 @@ class DeepResearchConfig:
                     "or the default for tasks given to reset(options={'question', 'answer'}).")
     world_size: int = _f(2000, "Pages in the synthetic world (100..100,000).")
     world_seed: int = _f(0, "Seed of the synthetic world generator.")
-    task_split: str = _f("all", "'all', 'train' or 'test': a deterministic split of the "
-                         "world's tasks by task id (for held-out evaluation).")
+    task_split: str = _f("all", "'all', 'train', 'validation' or 'test': a deterministic "
+                         "split of the world's tasks by a hash of the task id (docs/worlds.md, "
+                         "'Splits').")
     test_fraction: float = _f(0.2, "Share of tasks in the 'test' split.")
+    validation_fraction: float = _f(0.0, "Share of tasks in the 'validation' split, taken "
+                                    "from train (0 = none; the test split never changes).")
     hops: tuple[int, ...] | None = _f(None, "Only sample tasks with these hop counts "
                                       "(None = all).")
     # --- episode budgets -----------------------------------------------------------------
@@ -121,9 +124,14 @@ class DeepResearchConfig:
             (self.max_turn_tokens >= 1, "max_turn_tokens must be >= 1"),
             (self.reward_metric in ("em", "f1"), "reward_metric must be 'em' or 'f1'"),
             (self.format_penalty >= 0, "format_penalty must be >= 0"),
-            (self.task_split in ("all", "train", "test"),
-             "task_split must be 'all', 'train' or 'test'"),
+            (self.task_split in ("all", "train", "validation", "test"),
+             "task_split must be 'all', 'train', 'validation' or 'test'"),
             (0.0 < self.test_fraction < 1.0, "test_fraction must be in (0, 1)"),
+            (0.0 <= self.validation_fraction < 1.0 - self.test_fraction,
+             "validation_fraction must be >= 0 and leave tasks for train "
+             "(test_fraction + validation_fraction < 1)"),
+            (self.task_split != "validation" or self.validation_fraction > 0,
+             "task_split='validation' needs validation_fraction > 0"),
             (self.search_top_k >= 1, "search_top_k must be >= 1"),
             (self.search_backend in ("local", "retrieval_server"),
              "search_backend must be 'local' or 'retrieval_server'"),

@@ -117,8 +117,8 @@ class DeepResearchEnv(gym.Env[str, str]):
 
     ## Arguments
     See `envs.config.DeepResearchConfig` (every keyword of `gym.make`, with help text):
-    world, world_size, world_seed, task_split, test_fraction, hops, max_turns,
-    max_context_tokens, max_turn_tokens, forced_final_answer, token_counter,
+    world, world_size, world_seed, task_split, test_fraction, validation_fraction, hops,
+    max_turns, max_context_tokens, max_turn_tokens, forced_final_answer, token_counter,
     reward_metric, format_penalty, tools, search_top_k, max_queries_per_call,
     max_urls_per_call, search_backend, retrieval_url, summarizer, summarizer_url,
     summarizer_model, tool_timeout_s, tool_retries, backend, search_provider, search_url,

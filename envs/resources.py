@@ -201,13 +201,21 @@ def build_toolbox(cfg: DeepResearchConfig, world: World, index: Any) -> Toolbox:
                    max_queries=cfg.max_queries_per_call, max_urls=cfg.max_urls_per_call)
 
 
-def in_split(task: Task, split: str, test_fraction: float) -> bool:
-    """Deterministic train/test membership from a hash of the task id (stable across runs)."""
+def in_split(task: Task, split: str, test_fraction: float,
+             validation_fraction: float = 0.0) -> bool:
+    """Deterministic train/validation/test membership from a hash of the task id, a number
+    h in [0, 1) stable across runs and machines: test is h < test_fraction, validation the
+    next validation_fraction, train the rest (so adding a validation split takes tasks from
+    train only and never changes the test split)."""
     if split == "all":
         return True
     digest = hashlib.sha1(task.id.encode("utf-8")).digest()
-    is_test = int.from_bytes(digest[:8], "big") / 2**64 < test_fraction
-    return is_test if split == "test" else not is_test
+    position = int.from_bytes(digest[:8], "big") / 2**64
+    if position < test_fraction:
+        return split == "test"
+    if position < test_fraction + validation_fraction:
+        return split == "validation"
+    return split == "train"
 
 
 def select_tasks(world: World, cfg: DeepResearchConfig) -> list[Task]:
@@ -218,7 +226,7 @@ def select_tasks(world: World, cfg: DeepResearchConfig) -> list[Task]:
                              f"must be unique (reset selects tasks by id)")
         seen.add(t.id)
     tasks = [t for t in world.tasks
-             if in_split(t, cfg.task_split, cfg.test_fraction)
+             if in_split(t, cfg.task_split, cfg.test_fraction, cfg.validation_fraction)
              and (cfg.hops is None or t.hops in cfg.hops)]
     if not tasks and (cfg.backend != "web" or world.tasks):
         raise ValueError(f"no tasks left in world {world.name!r} after task_split="

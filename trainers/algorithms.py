@@ -15,7 +15,8 @@ Rewards and advantages run once per step on the whole batch (group statistics ne
 rollout of a group); the loss runs per micro-batch and needs only the batch's advantages
 and log-probs.
 
-Adding an algorithm is one file (docs/algorithms.md):
+Adding an algorithm is one file (docs/algorithms.md), registered by name or loaded by
+`make_algorithm("package.module:ClassName")` (`venus-gym rl --algorithm package.module:Name`):
 
     @register_algorithm("my_algo")
     class MyAlgorithm(Algorithm):
@@ -38,6 +39,7 @@ sizes but no signal: learning beyond the placebo is learning from the rewards.
 from __future__ import annotations
 
 import hashlib
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
@@ -93,12 +95,43 @@ def available_algorithms() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def algorithm_class(name: str) -> type[Algorithm]:
+    """The Algorithm class called `name`: a registered name, or "package.module:ClassName"
+    (a plug-in: the module is imported and the class is registered under that spelling, so
+    make_algorithm and configs can name it; see docs/algorithms.md)."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if ":" not in name:
+        raise KeyError(f"unknown algorithm {name!r}; registered: {available_algorithms()}, or "
+                       "name a plug-in as 'package.module:ClassName'")
+    module_name, _, class_name = name.partition(":")
+    if not module_name or not class_name:
+        raise KeyError(f"algorithm {name!r}: a plug-in is named 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise KeyError(f"algorithm {name!r}: cannot import module {module_name!r} ({error}); "
+                       "is it on PYTHONPATH or installed?") from error
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        public = sorted(n for n in vars(module) if not n.startswith("_"))
+        raise KeyError(f"algorithm {name!r}: module {module_name!r} has no {class_name!r}; it "
+                       f"defines {public}")
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise KeyError(f"algorithm {name!r}: {class_name} is not a subclass of "
+                       "trainers.algorithms.Algorithm")
+    # Registered under the spelling used to find it; a class that registered itself under a
+    # short name by its decorator keeps that `name`.
+    _REGISTRY[name] = cls
+    if "name" not in vars(cls):  # not registered by its own decorator
+        cls.name = name
+    return cls
+
+
 def make_algorithm(name: str, config: Any = None) -> Algorithm:
-    """An instance of the algorithm registered as `name` (config: its config dataclass);
-    wrapped in `Placebo` when the config says `placebo: true`."""
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown algorithm {name!r}; registered: {available_algorithms()}")
-    algorithm = _REGISTRY[name](config)
+    """An instance of the algorithm `name` (a registered name or "package.module:Class";
+    config: its config dataclass), wrapped in `Placebo` when the config says `placebo: true`."""
+    algorithm = algorithm_class(name)(config)
     if getattr(algorithm.config, "placebo", False):
         return Placebo(algorithm)
     return algorithm

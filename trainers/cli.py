@@ -65,6 +65,10 @@ def cmd_rl(args: argparse.Namespace) -> int:
     from trainers.rl.report import write_report
 
     config = load_rl_config(args.config)
+    if args.world is not None:
+        import dataclasses
+
+        config.env = dataclasses.replace(config.env, world=args.world)  # validated again
     for value, section, name in ((args.policy, "policy", "path"),
                                  (args.output, "run", "output_dir"),
                                  (args.resume, "run", "resume"),
@@ -232,8 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", help="override run.output_dir")
     r.add_argument("--resume", help="override run.resume ('latest' or a checkpoint)")
     r.add_argument("--steps", type=int, help="override run.steps")
-    r.add_argument("--algorithm", help="override algorithm.name (igpo, grpo, rloo, ...); "
-                                       "only the config's loss options are kept")
+    r.add_argument("--algorithm", help="override algorithm.name (igpo, grpo, rloo, or a "
+                                       "plug-in 'package.module:ClassName'); only the "
+                                       "config's loss options are kept")
+    r.add_argument("--world", help="override env.world: 'synthetic' (generated), 'hotpotqa', "
+                                   "a QA JSONL or a saved world directory (docs/worlds.md)")
     r.add_argument("--ray", action="store_true", help="run the rollout workers and learners as Ray actors")
     r.set_defaults(func=cmd_rl)
 

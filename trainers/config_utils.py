@@ -122,6 +122,13 @@ class EnvSection(DeepResearchConfig):
     search_top_k: int = env_default("search_top_k", 3)
 
     def __post_init__(self) -> None:
+        if isinstance(self.world, str) and self.world.startswith(("http://", "https://")):
+            # A retrieval server serves pages, not questions: the tasks come from a file.
+            raise ValueError(
+                f"env.world {self.world!r} is a url, but a world must supply tasks: set "
+                "env.world to a QA JSONL (docs/worlds.md) and serve its searches from the "
+                f"server with search_backend: retrieval_server, retrieval_url: {self.world} "
+                "(or backend: web, search_provider: retrieve, search_url: the url)")
         self.validate()
 
     def kwargs(self) -> dict[str, Any]:

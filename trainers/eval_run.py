@@ -80,8 +80,14 @@ class EvalRunConfig:
     model: str = _f("policy", "The model name the endpoint serves.")
     tokenizer: str | None = _f(None, "Endpoint only: a directory with the served model's "
                                "tokenizer (prompts go out as token ids).")
-    benchmark: str = _f("hotpotqa", "'hotpotqa' (packaged HotpotQA dev subset), 'generated' "
-                        "(the generated world's test split) or a QA JSONL / saved world path.")
+    benchmark: str = _f("hotpotqa", "The world to evaluate on (--world is the same option, "
+                        "spelled as the training configs' env.world): 'hotpotqa' (packaged "
+                        "HotpotQA dev subset), 'generated' or 'synthetic' (the generated world's "
+                        "test split) or a QA JSONL / saved world path.")
+    split: str = _f("auto", "Which tasks: 'auto' (the generated world's test split; every task "
+                    "of a real set), 'all', 'train', 'validation' or 'test' (the env's "
+                    "task_split: evaluate a policy trained on a real set with 'test'; "
+                    "'validation' needs --env validation_fraction=...).")
     num_tasks: int = _f(0, "Tasks to evaluate, from the start of the benchmark (0 = all).")
     k: int = _f(1, "Samples per task (pass@k, avg@k).")
     temperature: float | None = _f(None, "Sampling temperature; default 0 (greedy) for k = 1, "
@@ -120,6 +126,9 @@ class EvalRunConfig:
                             "(trainers.rollout)")
         if self.k < 1:
             problems.append(f"--k must be >= 1, got {self.k}")
+        if self.split not in ("auto", "all", "train", "validation", "test"):
+            problems.append(f"--split must be auto, all, train, validation or test, got "
+                            f"{self.split!r}")
         if self.num_tasks < 0:
             problems.append(f"--num-tasks must be >= 0 (0 = all), got {self.num_tasks}")
         if self.retries < 0:
@@ -148,6 +157,8 @@ class EvalRunConfig:
         data = dataclasses.asdict(self)
         for key in ("out", "num_tasks", "judge_retries", "save_token_ids", "bootstrap_samples"):
             data.pop(key)
+        if data["split"] == "auto":  # the same tasks as before the option existed
+            data.pop("split")
         data["temperature"] = self.sampling_temperature
         return data
 
@@ -158,7 +169,7 @@ def benchmark_env_kwargs(config: EvalRunConfig) -> tuple[dict[str, Any], str]:
     from venus_gym.worlds import load_world
 
     name = config.benchmark
-    if name == "generated":
+    if name in ("generated", "synthetic"):
         world, split = load_world("synthetic", n_pages=config.world_size,
                                   seed=config.world_seed), "test"
     elif name == "hotpotqa":
@@ -169,6 +180,8 @@ def benchmark_env_kwargs(config: EvalRunConfig) -> tuple[dict[str, Any], str]:
             raise FileNotFoundError(f"--benchmark {name!r} is neither {' / '.join(BENCHMARKS)} "
                                     f"nor an existing QA JSONL or saved world")
         world, split = load_world(path), "all"
+    if config.split != "auto":
+        split = config.split
     # A stuck remote tool backend (--env search_backend=...) must not stall the evaluation.
     kwargs = {"tool_timeout_s": 60.0, **config.env, "world": world, "max_turns": config.max_turns,
               "max_context_tokens": config.max_context_tokens}
@@ -415,8 +428,8 @@ def add_arguments(parser: Any) -> None:
     """The `venus-gym eval` options, with the config fields' help strings."""
     helps = {f.name: f.metadata["help"] for f in dataclasses.fields(EvalRunConfig)}
     defaults = EvalRunConfig()
-    for name in ("policy", "endpoint", "model", "tokenizer", "benchmark", "num_tasks", "k",
-                 "out", "judge_endpoint", "judge_model", "judge_retries", "retries",
+    for name in ("policy", "endpoint", "model", "tokenizer", "benchmark", "split", "num_tasks",
+                 "k", "out", "judge_endpoint", "judge_model", "judge_retries", "retries",
                  "temperature", "top_p", "presence_penalty", "max_turns", "max_turn_tokens",
                  "max_context_tokens", "world_size", "world_seed", "seed",
                  "bootstrap_samples"):
@@ -424,8 +437,11 @@ def add_arguments(parser: Any) -> None:
         kind: Any = type(default) if default is not None else str
         if name == "temperature":
             kind = float
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind,
-                            default=default, required=name == "out", help=helps[name])
+        # --world: the training configs' name for the same thing (env.world).
+        flags = ["--benchmark", "--world"] if name == "benchmark" else \
+            ["--" + name.replace("_", "-")]
+        parser.add_argument(*flags, dest=name, type=kind, default=default,
+                            required=name == "out", help=helps[name])
     parser.add_argument("--env", action="append", metavar="KEY=VALUE", help=helps["env"])
     parser.add_argument("--save-token-ids", action="store_true", help=helps["save_token_ids"])
 

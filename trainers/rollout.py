@@ -8,7 +8,7 @@ batch), then steps the group environment with the decoded turns. Per member a
 
 * the prompt is the chat template's rendering of [env system prompt, question] with the
   generation prompt (`ChatTokenizer`);
-* generated ids go in verbatim with their raw log-probs (mask 1); they are decoded to text
+* generated ids go in verbatim with their log-probs (mask 1); they are decoded to text
   only because the environment speaks text, and that text is never encoded again;
 * the environment's reply goes in as the template's ids for "user message + next generation
   prompt" (mask 0), and the turn boundary after it is recorded;

@@ -9,11 +9,12 @@ Conventions every engine follows (tests hold the transformers and vLLM engines t
 
 * Token in, token out. `prompt_ids` are the exact ids to continue; `token_ids` are the ids the
   engine sampled, never re-encoded from text. Text is the caller's business.
-* Log-probs are *raw model log-probs*: log_softmax of the model's unmodified logits at each
-  step, taken at the sampled token. Temperature, top-k/top-p and banned tokens change which
-  token is picked, not the reported number. This is the quantity the learner recomputes
-  (old/new log-probs at temperature 1), and it is vLLM's default `logprobs_mode`
-  ("raw_logprobs"), so the engines agree without configuration.
+* Log-probs are the sampling policy's: log_softmax(logits / temperature) at the sampled
+  token (the unmodified logits' when decoding greedily). top-k/top-p, presence penalty and
+  banned tokens change which token is picked, not the reported number. This is the quantity
+  the learner recomputes (old/new log-probs from logits / the rollout temperature;
+  trainers.sampling states the rule), and vLLM reports it with
+  `logprobs_mode="processed_logprobs"` (temperature applied; greedy rows use temperature 1).
 * Stop conditions, checked after every sampled token:
     - a stop token id (the end-of-turn id `<|im_end|>`): kept as the last id; reason "stop";
     - a stop string (DR-Venus stops on `<tool_response>`): generation ends at the first token
@@ -78,7 +79,7 @@ class GenerationRequest:
 
 @dataclass
 class GenerationResult:
-    """What one request produced: ids as sampled and the raw log-prob of each."""
+    """What one request produced: ids as sampled and the log-prob of each (module header)."""
 
     token_ids: list[int]
     logprobs: list[float]

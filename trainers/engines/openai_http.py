@@ -16,8 +16,10 @@ Where the ids come from, in order of preference:
    exactly token in / token out; log-probs are then unavailable for the re-encoded ids and
    come back as 0.0. Off by default: an id-less reply raises `EngineReplyError`.
 
-Log-probs are whatever the server reports for the sampled token; vLLM's default
-(`--logprobs-mode raw_logprobs`) is the raw model log-prob, matching the engine contract.
+Log-probs are whatever the server reports for the sampled token. The engine contract is
+log_softmax(logits / temperature): start a vLLM server with
+`--logprobs-mode processed_logprobs` to match it (its default, raw_logprobs, ignores the
+temperature, which only agrees at temperature 1).
 Banned ids go out as `logit_bias` -100 (the OpenAI API's floor). The end-of-turn stop id
 is kept in the returned ids when the server drops it from a reply that ended with "stop"
 on it (`stop_reason` names the id), so the trajectory still ends the turn with it (log-prob

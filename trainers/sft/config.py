@@ -230,6 +230,24 @@ class SFTExperimentConfig:
     env: EnvConfig = help_field("Environment settings.", factory=EnvConfig)
     eval: EvalConfig = help_field("Policy evaluation.", factory=EvalConfig)
 
+    def __post_init__(self) -> None:
+        # The oracle plays worlds whose pages it can read through the environment: the
+        # generated world, hotpotqa, a QA JSONL with paragraphs or a saved world. Seeds pick
+        # generated worlds only.
+        world = self.env.world
+        if world != "synthetic" and self.data.world_seeds:
+            raise ValueError(f"data.world_seeds picks generated worlds, but env.world is "
+                             f"{world!r}: remove data.world_seeds (the oracle plays the train "
+                             "split of env.world)")
+        if world != "synthetic" and self.eval.world_seed >= 0:
+            raise ValueError(f"eval.world_seed picks a generated world, but env.world is "
+                             f"{world!r}: remove it (evaluation plays env.world's test split)")
+        if self.env.backend == "web" and not self.data.jsonl:
+            raise ValueError("env.backend 'web' has no gold pages for the oracle agent to "
+                             "follow, so SFT cannot generate oracle data from it: train on "
+                             "env.world as a QA JSONL with paragraphs (backend 'corpus'), or "
+                             "give data.jsonl (trajectories written elsewhere)")
+
     def env_kwargs(self) -> dict[str, Any]:
         return self.env.kwargs()
 

@@ -43,10 +43,13 @@ MIXTURES = {"default": DEFAULT_MIXTURE, "short": SHORT_MIXTURE, "plain": PLAIN_M
 
 @functools.lru_cache(maxsize=4)
 def _world_tokenizer(vocab_size: int, world_size: int | None, world_seeds: tuple[int, ...],
-                     pretokenizer: str = "bytelevel") -> Any:
-    size = {} if world_size is None else {"world_size": world_size}  # None: the env default
-    texts = [text for seed in world_seeds
-             for text in world_texts({**size, "world_seed": seed})]
+                     pretokenizer: str = "bytelevel", world: str = "synthetic") -> Any:
+    if world != "synthetic":  # a real world (hotpotqa, a QA JSONL, a saved world): its text
+        texts = world_texts({"world": world})
+    else:
+        size = {} if world_size is None else {"world_size": world_size}  # None: env default
+        texts = [text for seed in world_seeds
+                 for text in world_texts({**size, "world_seed": seed})]
     return build_chatml_tokenizer(texts, vocab_size=vocab_size, pretokenizer=pretokenizer)
 
 
@@ -56,9 +59,12 @@ def build_tokenizer(model_config: ModelConfig, env_kwargs: dict[str, Any],
     worlds `world_seeds` (the training data's; empty = env_kwargs' world) and cached per
     (vocab size, worlds) within the process."""
     if model_config.tokenizer == "world":
+        world = env_kwargs.get("world", "synthetic")
+        if not isinstance(world, str):
+            raise ValueError("model.tokenizer 'world' needs env.world as a name or path")
         seeds = tuple(world_seeds) or (env_kwargs.get("world_seed", 0),)
         return _world_tokenizer(model_config.vocab_size, env_kwargs.get("world_size"), seeds,
-                                model_config.pretokenizer)
+                                model_config.pretokenizer, world)
     if model_config.tokenizer == "model":
         if model_config.name == "smollm2":
             return load_smollm2(tokenizer_only=True)[0]

@@ -146,6 +146,9 @@ def build_parser(prog: str | None = None,
     parser.add_argument("--eval-checkpoint", default=None,
                         help="only evaluate the weights of this checkpoint directory or saved "
                              "model directory (e.g. runs/<run>/final)")
+    parser.add_argument("--world", default=None,
+                        help="override env.world: 'synthetic' (generated), 'hotpotqa', a QA "
+                             "JSONL or a saved world directory (docs/worlds.md)")
     parser.add_argument("--eval-tasks", type=int, default=None,
                         help="override eval.num_tasks")
     parser.add_argument("--eval-world-seed", type=int, default=None,
@@ -174,6 +177,12 @@ def main(argv: list[str] | None = None, prog: str | None = None,
     # Load every config first: a typo in the third fails now, not after an hour of training.
     configs = [(path, load_config(path)) for path in args.config]
     for path, config in configs:
+        if args.world is not None:
+            try:  # replace() and __post_init__ re-run the env and world checks
+                config.env = dataclasses.replace(config.env, world=args.world)
+                config.__post_init__()
+            except ValueError as error:
+                parser.error(f"{path}: {error}")
         if args.resume is not None:
             config.train.resume = args.resume
         if args.threads is not None:
