@@ -70,7 +70,8 @@ class DeepResearchEnv(gym.Env[str, str]):
 
     ## Rewards
     - Answer turn: the outcome score of the answer against all gold answers,
-      `reward_metric` 'em' (1/0) or 'f1' (SQuAD normalisation, HotpotQA yes/no rule).
+      `reward_metric` 'em' (1/0) or 'f1' (SQuAD normalisation, HotpotQA yes/no rule), or
+      with `reward_fn` what that callable returns for (prediction, gold answers, task).
     - Malformed turn: `-format_penalty` (turn-level format penalty, default 1.0); a
       malformed forced final turn likewise.
     - Valid tool turn: 0 (information gain is computed by the trainer, which has the policy).
@@ -122,13 +123,22 @@ class DeepResearchEnv(gym.Env[str, str]):
     See `envs.config.DeepResearchConfig` (every keyword of `gym.make`, with help text):
     world, world_size, world_seed, task_split, test_fraction, hops, max_turns,
     max_context_tokens, max_turn_tokens, forced_final_answer, token_counter,
-    reward_metric, format_penalty, tools, search_top_k, max_queries_per_call,
-    max_urls_per_call, search_backend, retrieval_url, summarizer, summarizer_url,
+    reward_metric, format_penalty, reward_fn, tools, extra_tools, search_top_k,
+    max_queries_per_call, max_urls_per_call, search_backend, retrieval_url, summarizer, summarizer_url,
     summarizer_model, tool_timeout_s, tool_retries, backend, search_provider, search_url,
     search_api_key_env, search_min_interval_s, allow_hosts, fetch_max_bytes,
     fetch_timeout_s, fetch_allow_pdf, cache_mode, cache_path, summarizer_api_key_env,
     summarizer_chunk_chars, date, prompt_style, reveal_answer_in_info,
     max_action_chars, max_observation_chars, and `render_mode` ('ansi' or 'human').
+
+    ## Plug-in tools, vector envs, branching
+    `extra_tools` adds plug-in tools (venus_gym.tools.plugin; e.g. "calculator") after
+    search and visit: their schemas join the system prompt, the parser checks calls to
+    them, and their text is the observation. `gym.make_vec("DeepResearch-v0", num_envs=N,
+    vectorization_mode="sync" | "async")` works through Gymnasium's vector API (observations
+    are tuples of str; finished environments reset on their next step).
+    `get_state()` / `set_state(state)` snapshot and restore an episode (task, turn, budgets,
+    transcript, RNG) so a rollout can branch from any turn and replay identically.
 
     ## Version History
     - v0: initial release (DR-Venus turn format, search + visit tools, embedded world,
@@ -148,6 +158,8 @@ class DeepResearchEnv(gym.Env[str, str]):
     - v0, `backend="web"` added: web search providers, a guarded fetcher, record/replay
       and cost accounting; `reset(options={"question", "answer"})` poses a new task.
       Corpus-backed environments are unchanged.
+    - v0, `extra_tools`, `reward_fn`, `get_state`/`set_state` and async vector support
+      added; with their defaults episodes are unchanged.
     """
 
     metadata = {"render_modes": ["ansi", "human"]}
