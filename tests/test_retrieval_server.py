@@ -213,3 +213,38 @@ def test_serve_retrieval_command_serves_a_world(tmp_path):
     finally:
         process.terminate()
         process.wait(10)
+
+
+def test_a_search_call_with_several_queries_is_one_request_with_the_same_observation(server):
+    from venus_gym.corpus import Corpus as _Corpus
+    from venus_gym.tools import (
+        CorpusPageStore,
+        ExtractiveSummarizer,
+        RetrievalServerBackend,
+        Toolbox,
+    )
+
+    _, url = server
+    posts = []
+
+    class Counting(RetrievalServerBackend):
+        def _post(self, payload):
+            posts.append(payload)
+            return super()._post(payload)
+
+    class Broken(Counting):
+        def search_many(self, queries, k):
+            raise ConnectionResetError("batch refused")
+
+    queries = ["Lumen Bridge", "River town 4", "zzzq"]
+    store = CorpusPageStore(_Corpus(PAGES))
+    local = Toolbox(LocalSearchIndex(_Corpus(PAGES)), store, ExtractiveSummarizer(), top_k=2)
+    remote = Toolbox(Counting(url, timeout_s=5), store, ExtractiveSummarizer(), top_k=2)
+    fallback = Toolbox(Broken(url, timeout_s=5), store, ExtractiveSummarizer(), top_k=2)
+    expected = local.search(queries)
+    got = remote.search(queries)
+    assert len(posts) == 1 and posts[0]["queries"] == queries
+    assert got.text == expected.text and got.urls == expected.urls and got.ok
+    posts.clear()
+    again = fallback.search(queries)  # the batch fails: one request per query instead
+    assert len(posts) == 3 and again.text == expected.text and again.ok

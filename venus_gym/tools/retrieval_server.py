@@ -10,6 +10,9 @@ With "return_scores": false the inner items are the documents themselves. Docume
 the title as the quoted first line of "contents"; some retrievers send "title"/"text"
 fields instead, and ours adds "url" and "snippet". The client reads all of these.
 
+A search call with several queries is sent as one request (`search_many`, which the
+toolbox uses when a backend has it).
+
 Deviation from Search-R1: there a retrieved passage is the whole "page" the model sees.
 Our agent also visits pages, so the client remembers the documents it returned and serves
 them back through `fetch` (it is a `PageStore` too). That lets a world run entirely off a
@@ -91,6 +94,19 @@ class RetrievalServerBackend:
                                    f"{str(reply)[:200]}")
         # Batch servers send one list per query; single-query variants a flat list.
         items = result[0] if result and isinstance(result[0], list) else result
+        return self._hits(items, k)
+
+    def search_many(self, queries: list[str], k: int) -> list[list[SearchHit]]:
+        """Every query's hits from one request (Search-R1's batch form), in order."""
+        reply = self._post({"queries": list(queries), "topk": k, "return_scores": True})
+        result = reply.get("result") if isinstance(reply, dict) else None
+        if (not isinstance(result, list) or len(result) != len(queries)
+                or not all(isinstance(items, list) for items in result)):
+            raise ToolBackendError(f"retrieval server reply has no 'result' list with one "
+                                   f"list per query: {str(reply)[:200]}")
+        return [self._hits(items, k) for items in result]
+
+    def _hits(self, items: list[Any], k: int) -> list[SearchHit]:
         hits = []
         for item in items[:k]:
             doc, score = item, 0.0
