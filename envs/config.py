@@ -50,8 +50,18 @@ class DeepResearchConfig:
                             "normalisation, HotpotQA yes/no rule, max over gold answers).")
     format_penalty: float = _f(1.0, "Scale of the turn-level format penalty: a malformed "
                                "turn gets reward -format_penalty.")
+    reward_fn: Any = _f(None, "Custom outcome reward replacing reward_metric: a callable, or "
+                        "'package.module:function', called as fn(prediction, answers, task) "
+                        "-> float with the answer text, the gold answers (list of str) and "
+                        "the venus_gym.corpus.Task. None = reward_metric.")
     # --- tools ---------------------------------------------------------------------------
-    tools: tuple[str, ...] = _f(("search", "visit"), "Tools offered to the agent.")
+    tools: tuple[str, ...] = _f(("search", "visit"), "Built-in tools offered to the agent "
+                                "(a subset of 'search', 'visit'; may be empty when "
+                                "extra_tools offers some).")
+    extra_tools: tuple = _f((), "Plug-in tools offered after `tools` (venus_gym.tools.plugin): "
+                            "tool objects (name, schema, call(arguments) -> str), names of "
+                            "registered plug-ins such as 'calculator', or "
+                            "'package.module:attribute' naming a tool, tool class or factory.")
     search_top_k: int = _f(10, "Hits returned per search query.")
     max_queries_per_call: int = _f(5, "Most queries one search call may carry.")
     max_urls_per_call: int = _f(5, "Most urls one visit call may carry.")
@@ -166,8 +176,16 @@ class DeepResearchConfig:
              "(the environment's own notices must fit)"),
             (self.prompt_style in PROMPT_STYLES,
              f"prompt_style must be one of {PROMPT_STYLES}, got {self.prompt_style!r}"),
-            (set(self.tools) <= {"search", "visit"} and len(self.tools) > 0,
-             "tools must be a non-empty subset of ('search', 'visit')"),
+            (set(self.tools) <= {"search", "visit"}
+             and len(self.tools) + len(self.extra_tools) > 0,
+             "tools must be a non-empty subset of ('search', 'visit') (or empty with "
+             "extra_tools)"),
+            (isinstance(self.extra_tools, tuple | list),
+             "extra_tools must be a list of tools, plug-in names or 'module:attribute' specs"),
+            (self.reward_fn is None or callable(self.reward_fn) or (
+                isinstance(self.reward_fn, str) and ":" in self.reward_fn),
+             f"reward_fn must be a callable or 'package.module:function', got "
+             f"{self.reward_fn!r}"),
         ]
         for ok, msg in checks:
             if not ok:

@@ -13,7 +13,9 @@ Where we deviate from DR-Venus and why:
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import math
 from typing import Any
 
 import gymnasium as gym
@@ -29,6 +31,7 @@ from venus_gym.protocol import (
     sanitize_observation,
 )
 from venus_gym.scoring import score_answer
+from venus_gym.tools.plugin import load_object, resolve_tool, run_tool
 
 from .config import DeepResearchConfig
 from .resources import build_toolbox, select_tasks, world_and_index
@@ -67,7 +70,8 @@ class DeepResearchEnv(gym.Env[str, str]):
 
     ## Rewards
     - Answer turn: the outcome score of the answer against all gold answers,
-      `reward_metric` 'em' (1/0) or 'f1' (SQuAD normalisation, HotpotQA yes/no rule).
+      `reward_metric` 'em' (1/0) or 'f1' (SQuAD normalisation, HotpotQA yes/no rule), or
+      with `reward_fn` what that callable returns for (prediction, gold answers, task).
     - Malformed turn: `-format_penalty` (turn-level format penalty, default 1.0); a
       malformed forced final turn likewise.
     - Valid tool turn: 0 (information gain is computed by the trainer, which has the policy).
@@ -119,13 +123,23 @@ class DeepResearchEnv(gym.Env[str, str]):
     See `envs.config.DeepResearchConfig` (every keyword of `gym.make`, with help text):
     world, world_size, world_seed, task_split, test_fraction, validation_fraction, hops,
     max_turns, max_context_tokens, max_turn_tokens, forced_final_answer, token_counter,
-    reward_metric, format_penalty, tools, search_top_k, max_queries_per_call,
-    max_urls_per_call, search_backend, retrieval_url, summarizer, summarizer_url,
+    reward_metric, format_penalty, reward_fn, tools, extra_tools, search_top_k,
+    max_queries_per_call, max_urls_per_call, search_backend, retrieval_url, summarizer,
+    summarizer_url,
     summarizer_model, tool_timeout_s, tool_retries, backend, search_provider, search_url,
     search_api_key_env, search_min_interval_s, allow_hosts, fetch_max_bytes,
     fetch_timeout_s, fetch_allow_pdf, cache_mode, cache_path, summarizer_api_key_env,
     summarizer_chunk_chars, date, prompt_style, reveal_answer_in_info,
     max_action_chars, max_observation_chars, and `render_mode` ('ansi' or 'human').
+
+    ## Plug-in tools, vector envs, branching
+    `extra_tools` adds plug-in tools (venus_gym.tools.plugin; e.g. "calculator") after
+    search and visit: their schemas join the system prompt, the parser checks calls to
+    them, and their text is the observation. `gym.make_vec("DeepResearch-v0", num_envs=N,
+    vectorization_mode="sync" | "async")` works through Gymnasium's vector API (observations
+    are tuples of str; finished environments reset on their next step).
+    `get_state()` / `set_state(state)` snapshot and restore an episode (task, turn, budgets,
+    transcript, RNG) so a rollout can branch from any turn and replay identically.
 
     ## Version History
     - v0: initial release (DR-Venus turn format, search + visit tools, embedded world,
@@ -145,6 +159,8 @@ class DeepResearchEnv(gym.Env[str, str]):
     - v0, `backend="web"` added: web search providers, a guarded fetcher, record/replay
       and cost accounting; `reset(options={"question", "answer"})` poses a new task.
       Corpus-backed environments are unchanged.
+    - v0, `extra_tools`, `reward_fn`, `get_state`/`set_state` and async vector support
+      added; with their defaults episodes are unchanged.
     """
 
     metadata = {"render_modes": ["ansi", "human"]}
@@ -162,7 +178,10 @@ class DeepResearchEnv(gym.Env[str, str]):
         self.toolbox = toolbox if toolbox is not None else build_toolbox(
             self.config, self.world, index)
         self.count_tokens = self.config.token_counter or approx_token_count
-        self.system_prompt = render_system_prompt(self.config.tools, date=self.config.date,
+        self.plugins = self._plug_in(self.config.extra_tools)
+        self.offered_tools: tuple[str, ...] = (*self.config.tools, *self.plugins)
+        self.reward_fn = self._reward_callable(self.config.reward_fn)
+        self.system_prompt = render_system_prompt(self.offered_tools, date=self.config.date,
                                                   style=self.config.prompt_style)
         self._system_tokens = self.count_tokens(self.system_prompt)
         self._max_tool_text_chars = (self.config.max_observation_chars
@@ -220,7 +239,7 @@ class DeepResearchEnv(gym.Env[str, str]):
         reward, terminated, truncated = 0.0, False, False
         if kind == "answer":
             answer = parsed.answer or ""
-            reward = score_answer(answer, task.answers, cfg.reward_metric)
+            reward = self._score(answer, task)
             info["answer"], info["score"] = answer, reward
             terminated, obs = True, ""
         elif kind == "invalid":
@@ -241,7 +260,9 @@ class DeepResearchEnv(gym.Env[str, str]):
                                        "ok": False, "error": "not run: turn budget reached",
                                        "urls": []}]
             else:
-                outcome = self.toolbox.call(call.name, call.arguments)
+                plugin = self.plugins.get(call.name)
+                outcome = (run_tool(plugin, call.arguments) if plugin is not None
+                           else self.toolbox.call(call.name, call.arguments))
                 info["tool_calls"] = [{"name": call.name, "arguments": call.arguments,
                                        "ok": outcome.ok, "error": outcome.error,
                                        "urls": list(outcome.urls)}]
@@ -275,6 +296,35 @@ class DeepResearchEnv(gym.Env[str, str]):
             self.render()
         return obs, float(reward), terminated, truncated, info
 
+    # ------------------------------------------------------------------ branching
+    def get_state(self) -> dict[str, Any]:
+        """A snapshot of the episode, for `set_state`: the task, turn, budgets, transcript
+        and the RNG (so later resets draw the same tasks). A deep copy: stepping on does not
+        change it, and one snapshot may be restored any number of times.
+
+        Tools are not part of it: search, visit (corpus backend) and the calculator are
+        pure functions of their arguments, so a restored episode sees the same observations.
+        A remote or web backend answers as it answers now (replay it from a cache to
+        branch deterministically).
+        """
+        names = ("task", "turn", "tokens_used", "forced_final", "_done", "_reset_called",
+                 "transcript")
+        state = {name: copy.deepcopy(getattr(self, name)) for name in names
+                 if hasattr(self, name)}
+        state["np_random"] = copy.deepcopy(self.np_random.bit_generator.state)
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue from a `get_state` snapshot (of this environment or of one made with the
+        same arguments): the next `step` behaves as it would have after the snapshot."""
+        if not isinstance(state, dict) or "np_random" not in state or "_done" not in state:
+            raise ValueError("set_state expects a snapshot returned by get_state()")
+        for name, value in state.items():
+            if name == "np_random":
+                self.np_random.bit_generator.state = copy.deepcopy(value)
+            else:
+                setattr(self, name, copy.deepcopy(value))
+
     def cost(self) -> dict[str, int]:
         """What the tools spent so far in this run (search API calls, page fetches, bytes
         received, summarizer calls and tokens, cache hits); {} without a cost meter."""
@@ -298,7 +348,7 @@ class DeepResearchEnv(gym.Env[str, str]):
 
     def _judge(self, action: str, action_tokens: int) -> tuple[ParsedTurn, bool, str]:
         cfg = self.config
-        parsed = parse_turn(action, cfg.tools)
+        parsed = parse_turn(action, self.offered_tools)
         valid, reason = parsed.valid, parsed.reason
         if valid and len(action) > cfg.max_action_chars:
             valid, reason = False, (f"turn is {len(action)} characters, over "
@@ -326,6 +376,36 @@ class DeepResearchEnv(gym.Env[str, str]):
         return text
 
     # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _plug_in(specs: Any) -> dict[str, Any]:
+        plugins: dict[str, Any] = {}
+        for spec in specs:
+            tool = resolve_tool(spec)
+            if tool.name in ("search", "visit") or tool.name in plugins:
+                raise ValueError(f"DeepResearch-v0 config: extra_tools offers {tool.name!r} "
+                                 f"twice or under a built-in tool's name")
+            plugins[tool.name] = tool
+        return plugins
+
+    @staticmethod
+    def _reward_callable(spec: Any) -> Any:
+        if isinstance(spec, str):
+            spec = load_object(spec)
+            if not callable(spec):
+                raise ValueError(f"DeepResearch-v0 config: reward_fn names {spec!r}, which "
+                                 f"is not callable")
+        return spec
+
+    def _score(self, answer: str, task: Task) -> float:
+        if self.reward_fn is None:
+            return score_answer(answer, task.answers, self.config.reward_metric)
+        value = self.reward_fn(answer, list(task.answers), task)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
+                value):
+            raise ValueError(f"reward_fn {self.config.reward_fn!r} returned {value!r}; it must "
+                             f"return a finite float")
+        return float(value)
+
     def _choose_task(self, options: dict[str, Any]) -> Task:
         unknown = set(options) - {"task_id", "task_index", "question", "answer"}
         if unknown:

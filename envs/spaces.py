@@ -7,14 +7,32 @@ accepts any Python `str` up to a documented length, and samples varied Unicode t
 
 `MessageList` is the observation space of the chat-history wrapper: a list of
 {"role": str, "content": str} dicts.
+
+Vector environments: Gymnasium batches a Text space as a Tuple of Text spaces (sync mode
+needs nothing more), but its shared memory (async mode) stores a Text as indices into the
+space's charset and drops every other character, and it reads the buffer into a tuple of
+str once, when the vector env is built, so every later observation is that stale tuple.
+UnicodeText therefore brings its own shared-memory layout (per environment a length, then
+the text's code points as UTF-32, lone surrogates included) and reads it as a live view,
+`SharedTexts`, whose deep copy (what the vector env returns, `copy=True` by default) is a
+tuple of str. So `gym.make_vec(..., vectorization_mode="async")` passes any observation
+through unchanged and copies only the characters in use.
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
+from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
+from gymnasium.vector.utils import (
+    create_shared_memory,
+    read_from_shared_memory,
+    write_to_shared_memory,
+)
 
 # Pieces the sampler mixes: plain ASCII, accented Latin, CJK, emoji, whitespace and the
 # protocol's own tags (so a sampled action sometimes looks almost like a real turn).
@@ -78,6 +96,58 @@ class UnicodeText(spaces.Text):
                 and self.max_length == other.max_length)
 
     __hash__ = None  # type: ignore[assignment]  # mutable rng state, like other spaces
+
+
+# --- shared memory for async vector environments -------------------------------------------
+def _text_slots(space: UnicodeText, memory: Any, n: int) -> np.ndarray:
+    return np.frombuffer(memory.get_obj(), dtype=np.int32).reshape(n, space.max_length + 1)
+
+
+@create_shared_memory.register(UnicodeText)
+def _create_unicode_text_memory(space: UnicodeText, n: int = 1, ctx: ModuleType = mp) -> Any:
+    return ctx.Array(np.dtype(np.int32).char, n * (space.max_length + 1))
+
+
+class SharedTexts(Sequence):
+    """The n texts in a UnicodeText shared-memory buffer, read when accessed (a view, like
+    the numpy arrays Gymnasium returns for Box spaces); `copy.deepcopy` gives a tuple."""
+
+    def __init__(self, slots: np.ndarray):
+        self._slots = slots
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return tuple(self)[i]
+        slot = self._slots[i]
+        return slot[1: 1 + int(slot[0])].tobytes().decode("utf-32-le", "surrogatepass")
+
+    def __deepcopy__(self, memo: dict) -> tuple[str, ...]:
+        return tuple(self)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    def __repr__(self) -> str:
+        return f"SharedTexts({tuple(self)!r})"
+
+
+@read_from_shared_memory.register(UnicodeText)
+def _read_unicode_text(space: UnicodeText, shared_memory: Any, n: int = 1) -> SharedTexts:
+    return SharedTexts(_text_slots(space, shared_memory, n))
+
+
+@write_to_shared_memory.register(UnicodeText)
+def _write_unicode_text(space: UnicodeText, index: int, values: str, shared_memory: Any) -> None:
+    codes = np.frombuffer(values.encode("utf-32-le", "surrogatepass"), dtype=np.int32)
+    if len(codes) > space.max_length:
+        raise ValueError(f"observation of {len(codes)} characters does not fit {space!r}")
+    destination = np.frombuffer(shared_memory.get_obj(), dtype=np.int32)
+    start = index * (space.max_length + 1)
+    destination[start] = len(codes)
+    destination[start + 1: start + 1 + len(codes)] = codes
 
 
 class MessageList(spaces.Space[list]):

@@ -17,6 +17,9 @@
                                    # a static HTML page to read trajectories (eval results,
                                    #   RL samples) in a browser
     venus-gym chat --policy DIR    # ask a question, watch the agent's turns (needs .[train])
+    venus-gym serve-retrieval --world NAME_OR_PATH --port 8000
+                                   # a world's pages behind POST /retrieve (Search-R1, SkyRL
+                                   #   and GEM clients; docs/integrations.md)
 
 The command lives in trainers, the one package allowed to import all three (venus_gym,
 envs, trainers). Each subcommand imports what it needs when it runs, so `oracle`, `world`
@@ -160,6 +163,32 @@ def cmd_env_help(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_retrieval(args: argparse.Namespace) -> int:
+    from venus_gym.tools import LocalSearchIndex, serve_index
+    from venus_gym.worlds import load_world
+
+    t0 = time.perf_counter()
+    kwargs = ({"n_pages": args.world_size, "seed": args.world_seed}
+              if args.world == "synthetic" else {})
+    world = load_world(args.world, **kwargs)
+    index = LocalSearchIndex(world.corpus)
+    server, thread, url = serve_index(index, host=args.host, port=args.port,
+                                      max_topk=args.max_topk, default_topk=args.default_topk)
+    # The first line names the endpoint (scripts and tests read it, e.g. with --port 0).
+    print(f"serving {url}/retrieve", flush=True)
+    print(f"{world.name}: {len(world.corpus)} pages indexed in "
+          f"{time.perf_counter() - t0:.1f} s; Ctrl-C stops", flush=True)
+    try:
+        while thread.is_alive():
+            thread.join(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        server.server_close()
+    return 0
+
+
 def _needs_train_extras(command: str, error: ImportError) -> int:
     print(f"venus-gym {command} needs the training extras, which are not installed "
           f"({error}).\nInstall them with: pip install -e .[train]", file=sys.stderr)
@@ -294,6 +323,21 @@ def build_parser() -> argparse.ArgumentParser:
                                      "tool calls, tool responses, answer) in the terminal")
     add_chat_arguments(ch)
     ch.set_defaults(func=cmd_chat)
+
+    sr = sub.add_parser("serve-retrieval", help="serve a world's pages over POST /retrieve "
+                                                "(Search-R1 JSON, SkyRL's single query, GEM's "
+                                                "msgpack; HTTP/1.1 keep-alive)")
+    sr.add_argument("--world", default="synthetic",
+                    help="'synthetic', 'hotpotqa', a directory saved by World.save or a QA JSONL")
+    sr.add_argument("--world-size", type=int, default=2000, help="pages of a synthetic world")
+    sr.add_argument("--world-seed", type=int, default=0, help="seed of a synthetic world")
+    sr.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    sr.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
+    sr.add_argument("--default-topk", type=int, default=3,
+                    help="documents per query when a request gives no topk")
+    sr.add_argument("--max-topk", type=int, default=100,
+                    help="most documents per query; a larger topk is cut and the reply says so")
+    sr.set_defaults(func=cmd_serve_retrieval)
     return p
 
 

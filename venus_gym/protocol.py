@@ -32,11 +32,12 @@ Both kinds of turn
 Tool turn
   7. The tool_call body is a JSON object with exactly the keys "name" (a string) and
      "arguments" (an object).
-  8. "name" is one of the tools offered to this parse (default: search and visit).
-  9. The arguments match the tool's schema in `TOOL_SCHEMAS`: every required argument is
+  8. "name" is one of the tools offered to this parse (default: search and visit; a
+     plug-in tool once its schema is registered with `register_tool_schema`).
+  9. The arguments match the tool's schema (`tool_schema`): every required argument is
      present, no other argument is, and each has the right type. Strings must be non-blank
      and lists non-empty (search: `query` a list of strings; visit: `url` a list of strings
-     and `goal` a string).
+     and `goal` a string); plug-in tools may also take numbers, integers and booleans.
 Final turn
   10. The stripped answer text is not empty.
 
@@ -131,6 +132,59 @@ TOOL_SCHEMAS: dict[str, dict] = {
 
 DEFAULT_TOOLS: tuple[str, ...] = ("search", "visit")
 
+# Plug-in tools' schemas (venus_gym.tools.plugin), registered by whoever offers them. Kept
+# apart from TOOL_SCHEMAS so that the built-in tools, and every message naming them, stay
+# as they are until a plug-in is actually offered.
+_PLUGIN_SCHEMAS: dict[str, dict] = {}
+# The argument types rule 9 can check (arrays: of strings only).
+_ARGUMENT_TYPES = ("string", "array", "number", "integer", "boolean")
+
+
+def tool_schema(name: str) -> dict:
+    """The JSON schema of a built-in or registered plug-in tool (KeyError if neither)."""
+    if name in TOOL_SCHEMAS:
+        return TOOL_SCHEMAS[name]
+    return _PLUGIN_SCHEMAS[name]
+
+
+def register_tool_schema(schema: dict) -> str:
+    """Let the parser accept calls to a plug-in tool; returns its name.
+
+    `schema` is an OpenAI-style function schema, `{"type": "function", "function": {"name",
+    "description", "parameters": {"type": "object", "properties", "required"}}}`, whose
+    argument types are among "string", "array" (of strings), "number", "integer" and
+    "boolean". Registering the same schema again is a no-op.
+
+    Raises:
+        ValueError: a malformed schema, an unsupported argument type, a built-in tool's
+            name, or a name already registered with a different schema.
+    """
+    function = schema.get("function") if isinstance(schema, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][\w.-]{0,63}", name):
+        raise ValueError("a tool schema needs {'type': 'function', 'function': {'name': "
+                         f"<identifier>, ...}}}}, got {str(schema)[:200]}")
+    parameters = function.get("parameters")
+    if (not isinstance(parameters, dict) or not isinstance(parameters.get("properties"), dict)
+            or not isinstance(parameters.get("required", []), list)):
+        raise ValueError(f"tool {name!r}: 'parameters' must be an object schema with "
+                         f"'properties' (and a 'required' list)")
+    for arg, spec in parameters["properties"].items():
+        kind = spec.get("type") if isinstance(spec, dict) else None
+        if kind not in _ARGUMENT_TYPES or (
+                kind == "array" and (spec.get("items") or {}).get("type") != "string"):
+            raise ValueError(f"tool {name!r}: argument {arg!r} has type {kind!r}; supported: "
+                             f"{', '.join(_ARGUMENT_TYPES)} (arrays of strings)")
+    missing = [k for k in parameters.get("required", []) if k not in parameters["properties"]]
+    if missing:
+        raise ValueError(f"tool {name!r}: required argument(s) {missing} are not properties")
+    if name in TOOL_SCHEMAS:
+        raise ValueError(f"{name!r} is a built-in tool; give the plug-in another name")
+    if name in _PLUGIN_SCHEMAS and _PLUGIN_SCHEMAS[name] != schema:
+        raise ValueError(f"a different tool named {name!r} is already registered")
+    _PLUGIN_SCHEMAS[name] = schema
+    return name
+
 FORCED_FINAL_NOTICE = (
     "You have reached the maximum number of interaction turns (or context). Based on all "
     "the information above, provide the entire final answer in <answer></answer> tags now."
@@ -213,11 +267,12 @@ def _check_tool_names(tools: Collection[str]) -> tuple[str, ...]:
     if isinstance(tools, str):
         raise TypeError(f"tools must be a collection of tool names, not the string {tools!r}")
     names = tuple(tools)
-    unknown = [name for name in names if name not in TOOL_SCHEMAS]
+    unknown = [name for name in names
+               if name not in TOOL_SCHEMAS and name not in _PLUGIN_SCHEMAS]
     if unknown:
         raise ValueError(
             f"unknown tool(s) {', '.join(map(repr, unknown))}; "
-            f"valid tools: {', '.join(TOOL_SCHEMAS)}"
+            f"valid tools: {', '.join([*TOOL_SCHEMAS, *_PLUGIN_SCHEMAS])}"
         )
     if len(set(names)) != len(names):
         raise ValueError(f"tool names must be unique, got {names!r}")
@@ -258,7 +313,7 @@ def render_system_prompt(tools: Sequence[str] = DEFAULT_TOOLS, date: str = "2025
     if style != "full":
         raise ValueError(f"unknown prompt style {style!r}; valid styles: "
                          f"{', '.join(PROMPT_STYLES)}")
-    schema_lines = "\n".join(json.dumps(TOOL_SCHEMAS[name], ensure_ascii=False) for name in names)
+    schema_lines = "\n".join(json.dumps(tool_schema(name), ensure_ascii=False) for name in names)
     return (
         f"{_ROLE_PARAGRAPH}\n\n"
         "# Tools\n\n"
@@ -284,7 +339,7 @@ def _render_compact_prompt(names: tuple[str, ...], date: str) -> str:
                   "number": "float", "boolean": "bool"}
     lines = []
     for name in names:
-        function = TOOL_SCHEMAS[name]["function"]
+        function = tool_schema(name)["function"]
         arguments = ", ".join(
             f'"{arg}": {json_types.get(spec.get("type"), spec.get("type"))}'
             for arg, spec in function["parameters"]["properties"].items())
@@ -500,11 +555,12 @@ def _decode_tool_call(body: str, allowed_tools: tuple[str, ...]) -> ToolCall:
 def _check_arguments(tool_name: str, arguments: dict) -> None:
     """Check the arguments against the tool's schema (rule 9).
 
-    Interprets exactly the schema constructs TOOL_SCHEMAS uses: "string" and "array" of
-    strings with "minItems". Strings must also be non-blank, which is stricter than the
-    schema's minLength of 1: a blank query or URL is no more usable than an empty one.
+    Interprets the schema constructs TOOL_SCHEMAS uses, "string" and "array" of strings
+    with "minItems" (default 1), and for plug-in tools "number", "integer" and "boolean".
+    Strings must also be non-blank, which is stricter than the schema's minLength of 1: a
+    blank query or URL is no more usable than an empty one.
     """
-    parameters = TOOL_SCHEMAS[tool_name]["function"]["parameters"]
+    parameters = tool_schema(tool_name)["function"]["parameters"]
     properties = parameters["properties"]
     unexpected = sorted(key for key in arguments if key not in properties)
     if unexpected:
@@ -512,14 +568,26 @@ def _check_arguments(tool_name: str, arguments: dict) -> None:
             f"unexpected argument(s) {', '.join(map(repr, unexpected))} for tool "
             f"{tool_name!r}; allowed: {', '.join(properties)}"
         )
-    for key in parameters["required"]:
+    for key in parameters.get("required", []):
         if key not in arguments:
             raise _MalformedTurn(f"missing required argument {key!r} for tool {tool_name!r}")
     for key, value in arguments.items():
-        if properties[key]["type"] == "string":
+        kind = properties[key]["type"]
+        if kind == "string":
             _check_string_argument(key, value)
+        elif kind == "array":
+            _check_string_list_argument(key, value, properties[key].get("minItems", 1))
         else:
-            _check_string_list_argument(key, value, properties[key]["minItems"])
+            _check_scalar_argument(key, value, kind)
+
+
+def _check_scalar_argument(key: str, value: Any, kind: str) -> None:
+    """Require a JSON number, integer or boolean (bool is not a number here, as in JSON)."""
+    expected = {"number": (int, float), "integer": (int,), "boolean": (bool,)}[kind]
+    if isinstance(value, bool) != (kind == "boolean") or not isinstance(value, expected):
+        article = "an" if kind == "integer" else "a"
+        raise _MalformedTurn(f"argument {key!r} must be {article} {kind}, got "
+                             f"{_type_name(value)}")
 
 
 def _check_string_argument(key: str, value: Any) -> None:

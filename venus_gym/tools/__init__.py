@@ -1,5 +1,6 @@
 """Tools the agent calls, `search(query: list[str])` and `visit(url: list[str], goal: str)`,
-and the backends behind them. The environment talks to a `Toolbox` only."""
+and the backends behind them; plug-in tools (`plugin.Tool`, e.g. the calculator) beside
+them. The environment talks to a `Toolbox` and to its plug-ins."""
 
 from .base import (
     CacheMissError,
@@ -13,7 +14,9 @@ from .base import (
     ToolBackendError,
     default_snippet,
 )
+from .calculator import CalculatorTool, calculate
 from .index import LocalSearchIndex
+from .plugin import Tool, load_object, register_tool, registered_tools, resolve_tool, run_tool
 from .retrieval_server import RetrievalServerBackend, serve_index
 from .summarize import ExtractiveSummarizer, OpenAISummarizer, parse_summary_reply, split_sentences
 from .toolbox import (
@@ -27,6 +30,14 @@ from .toolbox import (
 )
 
 __all__ = [
+    "CalculatorTool",
+    "Tool",
+    "calculate",
+    "load_object",
+    "register_tool",
+    "registered_tools",
+    "resolve_tool",
+    "run_tool",
     "CacheMissError",
     "SEPARATOR",
     "VISIT_FAILED_EVIDENCE",

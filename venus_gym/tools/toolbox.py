@@ -17,6 +17,10 @@ backend sees them: a query holding a lone surrogate (a `"\\ud800"` JSON escape) 
 control character is searched with U+FFFD in its place, not refused by an encoder deep in
 a backend and reported to the agent as a tool failure.
 
+A backend with `search_many(queries, k)` (the retrieval-server client) gets all queries of
+a call in one request; should that fail, each query is run on its own as usual, so the
+observation does not depend on it.
+
 Cost: with the local backends and `timeout_s=None` a call is plain function calls; a
 worker thread per backend call is only started when a timeout is set (remote backends).
 """
@@ -169,9 +173,17 @@ class Toolbox:
             return _invalid("search", "'query' must be a non-empty list of strings, e.g. "
                                       '{"query": ["first query", "second query"]}.')
         run, note = self._limit(checked, self.max_queries, "queries")
+        batch = None
+        if len(run) > 1 and callable(getattr(self.search_backend, "search_many", None)):
+            # One request for all queries (a remote retriever); if it fails, each query
+            # is tried on its own below, so the observation is the same either way.
+            batch, _ = self._attempt(self._search_many, run)
         sections, hits, errors = [], [], []
-        for q in run:
-            found, error = self._attempt(self._search_one, q)
+        for i, q in enumerate(run):
+            if batch is not None:
+                found, error = batch[i], None
+            else:
+                found, error = self._attempt(self._search_one, q)
             if error is not None:
                 errors.append(f"search {q!r}: {error}")
                 sections.append(f"The search for '{q}' failed ({error[:200]}). Try again "
@@ -223,6 +235,16 @@ class Toolbox:
         if not all(isinstance(h, SearchHit) for h in hits):
             raise TypeError("search backend returned something other than SearchHit objects")
         return hits
+
+    def _search_many(self, queries: list[str]) -> list[list[SearchHit]]:
+        results = list(self.search_backend.search_many(queries, self.top_k))
+        if len(results) != len(queries):
+            raise ToolBackendError(f"search backend answered {len(results)} of "
+                                   f"{len(queries)} queries")
+        batch = [list(found)[: self.top_k] for found in results]
+        if not all(isinstance(h, SearchHit) for found in batch for h in found):
+            raise TypeError("search backend returned something other than SearchHit objects")
+        return batch
 
     def _summarize_one(self, page: Any, goal: str) -> PageSummary:
         summary = self.summarizer.summarize(page, goal)
