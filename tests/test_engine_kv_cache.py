@@ -221,3 +221,36 @@ def test_kv_cache_helpers_cut_by_slicing():
     cropped = cache_rows(crop_cache(cache, 2))
     assert torch.equal(cropped[0][0], keys[:, :, :2]) and torch.equal(cropped[0][1], -keys[:, :, :2])
     assert cache.get_seq_length() == 5 and crop_cache(cache, 2).get_seq_length() == 2
+
+
+def test_reserved_cache_writes_in_place_and_grows_past_its_reserve():
+    from trainers.kv_cache import cache_from_rows, cache_rows, reserved_cache
+
+    keys = torch.randn(2, 3, 4, 5)
+    cache = reserved_cache(cache_from_rows([(keys, keys + 1)]), 1)
+    extra = torch.randn(2, 3, 3, 5)
+    cache.update(extra[:, :, :1], extra[:, :, :1] + 1, 0)
+    cache.update(extra[:, :, 1:], extra[:, :, 1:] + 1, 0)  # past the reserve: grows
+    stored_keys, stored_values = cache_rows(cache)[0]
+    assert torch.equal(stored_keys, torch.cat([keys, extra], dim=2))
+    assert torch.equal(stored_values, torch.cat([keys, extra], dim=2) + 1)
+    assert cache.get_seq_length() == 7
+
+
+def test_the_policy_cuts_its_cache_back_for_a_retried_turn(model, tokenizer):
+    """TransformersPolicy shares the helpers: a prompt that leaves the cached ids (a retry
+    drops the discarded attempt) reuses the common prefix and matches a fresh policy."""
+    from trainers.policy import TransformersPolicy
+    from trainers.tokenization import ChatTokenizer
+
+    chat = ChatTokenizer(tokenizer)
+    policy = TransformersPolicy(model, chat, max_new_tokens=10)
+    prompt = _openings(tokenizer)[1]
+    attempt = policy.generate_turn(prompt)
+    extended = prompt + attempt.token_ids + _reply(tokenizer, 0, 0)
+    for new in (extended, prompt + _reply(tokenizer, 1, 2), extended):
+        turn = policy.generate_turn(new)
+        assert policy._cached_ids == (new + turn.token_ids)[:len(policy._cached_ids)]
+        fresh = TransformersPolicy(model, chat, max_new_tokens=10).generate_turn(new)
+        assert turn.token_ids == fresh.token_ids
+        assert turn.logprobs == pytest.approx(fresh.logprobs, abs=TOLERANCE)

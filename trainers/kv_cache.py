@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 KVLayers = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -64,3 +65,51 @@ def cache_from_rows(layers: KVLayers) -> Any:
 def crop_cache(cache: Any, keep: int) -> Any:
     """A cache of the first `keep` positions of `cache` (a new object; slices, no copies)."""
     return cache_from_rows([(k[..., :keep, :], v[..., :keep, :]) for k, v in cache_rows(cache)])
+
+
+class _ReservedLayer(DynamicLayer):
+    """A DynamicLayer that writes new positions into buffers reserved up front instead of
+    concatenating (DynamicLayer copies the whole layer every decode step: ~70% of a step's
+    time at 3,000 positions on a CPU). Grows by doubling if the reserve runs out."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int):
+        super().__init__()
+        self.length = 0
+        self._key_buffer = keys.new_empty(keys.shape[:2] + (capacity, keys.shape[3]))
+        self._value_buffer = values.new_empty(values.shape[:2] + (capacity, values.shape[3]))
+        self.device = keys.device
+        self.is_initialized = True
+        self.update(keys, values)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + key_states.shape[-2]
+        if end > self._key_buffer.shape[2]:
+            self._key_buffer = self._grown(self._key_buffer, end)
+            self._value_buffer = self._grown(self._value_buffer, end)
+        self._key_buffer[:, :, self.length:end] = key_states
+        self._value_buffer[:, :, self.length:end] = value_states
+        self.length = end
+        self.keys = self._key_buffer[:, :, :end]
+        self.values = self._value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    def _grown(self, buffer: torch.Tensor, needed: int) -> torch.Tensor:
+        grown = buffer.new_empty(buffer.shape[:2] + (max(needed, 2 * buffer.shape[2]),
+                                                     buffer.shape[3]))
+        grown[:, :, :self.length] = buffer[:, :, :self.length]
+        return grown
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("cut a reserved cache with trainers.kv_cache.crop_cache")
+
+
+def reserved_cache(cache: Any, extra: int) -> Any:
+    """A copy of `cache` with room for `extra` more positions per layer, written in place."""
+    reserved = DynamicCache()
+    reserved.layers = [_ReservedLayer(keys, values, keys.shape[2] + extra)
+                       for keys, values in cache_rows(cache)]
+    return reserved

@@ -43,7 +43,13 @@ from typing import Any
 
 import torch
 
-from trainers.kv_cache import KVLayers, cache_from_rows, cache_rows, reusable_prefix
+from trainers.kv_cache import (
+    KVLayers,
+    cache_from_rows,
+    cache_rows,
+    reserved_cache,
+    reusable_prefix,
+)
 from trainers.models import kv_cache_argument, returned_kv_cache
 from trainers.sampling import sample_token
 
@@ -178,6 +184,8 @@ class HFEngine(Engine):
         cache = self._batch_cache([source for source, _ in sources], keeps, past) if past else None
         logits, cache = self._forward(input_ids, attention, positions, cache)
         max_steps = max(r.max_new_tokens for r in requests)
+        # Decoding writes into room reserved now instead of copying the cache every step.
+        cache = reserved_cache(cache, max_steps)
         for step in range(max_steps):
             was_live = [row.finish_reason is None for row in rows]
             next_ids = self._pick_next_tokens(logits, rows, step)
