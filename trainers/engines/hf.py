@@ -25,8 +25,10 @@ caches are left-padded to one width and the new ids to another, so a row reads
 continue each row's own sequence. Kept caches are dropped on `update_weights` (they hold the
 old weights' keys and values), on `forget_conversations()` (trainers.rollout calls it when a
 group's episodes end) and beyond `max_cached_conversations` (least recently used first).
-Re-encoding (`kv_cache=False`) gives the same ids and log-probs to ~1e-6 (trainers.kv_cache
-says why not bit-for-bit; tests/test_engine_kv_cache.py measures it).
+Re-encoding (`kv_cache=False`) gives the same ids, and float32 log-probs within ~4e-6
+(trainers.kv_cache says why not bit for bit; tests/test_engine_kv_cache.py measures it).
+Decoding writes into buffers reserved after the prefill (`reserve_decode`) rather than
+growing transformers' DynamicCache, which copies the whole cache every step.
 
 Where we deviate from verl / OpenRLHF: they use vLLM/SGLang for every rollout and HF only
 for log-prob recomputation. Here the transformers engine is the CPU default (tiny models in
@@ -104,10 +106,16 @@ class HFEngine(Engine):
             prompt in full.
         max_cached_conversations: kept caches beyond this are dropped, least recently used
             first.
+        reserve_decode: after the prefill, copy the batch cache once into buffers with room
+            for the whole decode and write each step in place; False grows transformers'
+            DynamicCache by concatenation, which copies the whole cache every step (~70% of a
+            decode step at 3,000 positions on a CPU). kv_cache=False, reserve_decode=False
+            is the engine before kept caches, bit for bit (benchmarks compare with it).
     """
 
     def __init__(self, model: Any, tokenizer: Any, max_batch_size: int | None = None,
-                 kv_cache: bool = True, max_cached_conversations: int = 64):
+                 kv_cache: bool = True, max_cached_conversations: int = 64,
+                 reserve_decode: bool = True):
         if max_cached_conversations < 1:
             raise ValueError("max_cached_conversations must be >= 1 (use kv_cache=False to "
                              f"keep none), got {max_cached_conversations}")
@@ -119,6 +127,7 @@ class HFEngine(Engine):
         self.device = next(model.parameters()).device
         self._cache_argument = kv_cache_argument(model)
         self.kv_cache = kv_cache
+        self.reserve_decode = reserve_decode
         self.max_cached_conversations = max_cached_conversations
         self.cache_stats = KVCacheStats()
         self._conversations: OrderedDict[int, CachedConversation] = OrderedDict()
@@ -184,8 +193,8 @@ class HFEngine(Engine):
         cache = self._batch_cache([source for source, _ in sources], keeps, past) if past else None
         logits, cache = self._forward(input_ids, attention, positions, cache)
         max_steps = max(r.max_new_tokens for r in requests)
-        # Decoding writes into room reserved now instead of copying the cache every step.
-        cache = reserved_cache(cache, max_steps)
+        if self.reserve_decode:  # decoding writes in place instead of copying every step
+            cache = reserved_cache(cache, max_steps)
         for step in range(max_steps):
             was_live = [row.finish_reason is None for row in rows]
             next_ids = self._pick_next_tokens(logits, rows, step)
