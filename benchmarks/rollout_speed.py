@@ -1,24 +1,37 @@
-"""Rollout speed: the transformers engine alone vs the same engine driving G=8 environments.
+"""Rollout speed: the transformers engine alone vs the same engine driving G=8 environments,
+and group rollouts with kept KV caches vs re-encoding every turn.
 
     python benchmarks/rollout_speed.py [--queries 2] [--group 8] [--hidden 128] [--layers 2]
-                                       [--repeats 2]
+                                       [--heads 0] [--vocab-size 2000] [--world-tokenizer]
+                                       [--max-turns 6] [--repeats 2]
+
+The demo's model (trainers/configs/demo_sft.yaml: Qwen3 hidden 128, 3 layers, 4 heads,
+16,384-id world tokenizer) with 10-turn episodes:
+
+    python benchmarks/rollout_speed.py --layers 3 --heads 4 --vocab-size 16384 \
+        --world-tokenizer --max-turns 10
 
 Prints, in order:
     RESULT engine_tokens_per_s=<float>    generated tokens / s, engine.generate alone
     RESULT rollout_tokens_per_s=<float>   generated tokens / s, rollout_group end to end
-    RESULT rollout_efficiency=<float>     rollout / engine (issue 5 target: >= 0.8)
+    RESULT rollout_efficiency=<float>     rollout / engine (target: >= 0.8)
+    RESULT rollout_kv_speedup=<float>     rollout time re-encoding every prompt
+                                          (HFEngine(kv_cache=False)) / with kept KV caches
+                                          (the default; target: >= 3)
 
-How the two runs are made equal. A random tiny model never calls a tool, so the policy is
+How the runs are made equal. A random tiny model never calls a tool, so the policy is
 the world's oracle agent played through the real engine: every token costs the same
 forward passes as free decoding, only the choice of token is forced (trainers.engines.
 scripted). A warm-up rollout records, for each prompt, the ids the oracle's turn encodes to;
-the timed rollout replays them by prompt lookup (no oracle cost inside the timing), and the
+the timed rollouts replay them by prompt lookup (no oracle cost inside the timing), and the
 engine-alone run sends exactly the timed rollout's batches (same prompts, same group
-batching, same generated ids) to engine.generate with no environment. So both runs generate
-the same tokens with the same batches, and the gap is the rollout's own cost: env steps
-(search over the local index, visit + extractive summary), chat-template ids for replies,
-decoding turns to text, bookkeeping. The two timed runs alternate `--repeats` times and the
-best time of each is reported (the machine may be shared; load only slows runs down).
+batching, same generated ids) to engine.generate with no environment. So every run
+generates the same tokens with the same batches: the engine-alone gap is the rollout's own
+cost (env steps: search over the local index, visit + extractive summary; chat-template ids
+for replies, decoding turns to text, bookkeeping), and the re-encoding run differs from the
+cached one only in the prefill of each turn's prompt. The timed runs alternate `--repeats`
+times and the best time of each is reported (the machine may be shared; load only slows
+runs down).
 """
 
 from __future__ import annotations
@@ -45,8 +58,9 @@ from venus_gym.worlds.oracle import OracleAgent
 class ReplayHFEngine(HFEngine):
     """HFEngine forced to ids recorded per prompt (a dict lookup per row, no script cost)."""
 
-    def __init__(self, model: Any, tokenizer: Any, targets: dict[tuple[int, ...], list[int]]):
-        super().__init__(model, tokenizer)
+    def __init__(self, model: Any, tokenizer: Any, targets: dict[tuple[int, ...], list[int]],
+                 **options: Any):
+        super().__init__(model, tokenizer, **options)
         self.targets = targets
 
     def _choose(self, logits: torch.Tensor, row: DecodeRow, step: int) -> tuple[int, float]:
@@ -55,16 +69,21 @@ class ReplayHFEngine(HFEngine):
 
 
 class RecordingEngine(Engine):
-    """Passes calls through and keeps each call's requests and results."""
+    """Passes calls through and keeps each call's requests and results (None marks the end
+    of a group's conversations)."""
 
     def __init__(self, inner: Engine):
         self.inner = inner
-        self.calls: list[tuple[list[GenerationRequest], list[GenerationResult]]] = []
+        self.calls: list[tuple[list[GenerationRequest], list[GenerationResult]] | None] = []
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         results = self.inner.generate(requests)
         self.calls.append((list(requests), results))
         return results
+
+    def forget_conversations(self) -> None:
+        self.inner.forget_conversations()
+        self.calls.append(None)
 
 
 def _oracle_respond(group: DeepResearchGroupEnv):
@@ -78,12 +97,51 @@ def _oracle_respond(group: DeepResearchGroupEnv):
     return respond
 
 
+# The engines the kept-cache default is timed against (HFEngine options).
+REFERENCES: dict[str, dict[str, bool]] = {
+    "before": {"kv_cache": False, "reserve_decode": False},
+    "reserved_decode": {"kv_cache": False},
+}
+
+
+def _tokenizer(group: DeepResearchGroupEnv, args: argparse.Namespace) -> Any:
+    if args.world_tokenizer:  # the SFT pipeline's world tokenizer (every page and question)
+        from trainers.data.oracle_data import world_texts
+
+        texts = world_texts({"world_size": args.world_size})
+    else:
+        world = group.envs[0].world
+        texts = [group.system_prompt] + [f"{p.title}\n{p.url}\n{p.text}"
+                                         for p in list(world.corpus)[:500]]
+    return build_chatml_tokenizer(texts, vocab_size=args.vocab_size)
+
+
+def _timed_rollouts(engine: Engine, group: DeepResearchGroupEnv, chat: ChatTokenizer,
+                    seeds: list[int], sampling: SamplingConfig
+                    ) -> tuple[float, RolloutStats, list[Any]]:
+    stats = RolloutStats()
+    started = time.perf_counter()
+    trajectories = []
+    for seed in seeds:
+        trajectories += rollout_group(engine, group, chat, seed=seed, sampling=sampling,
+                                      stats=stats)
+    return time.perf_counter() - started, stats, trajectories
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--queries", type=int, default=2)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=0,
+                        help="attention heads (head_dim = hidden / heads); 0 = hidden / 64 "
+                             "heads of 64")
+    parser.add_argument("--intermediate", type=int, default=0, help="MLP width; 0 = 2 * hidden")
+    parser.add_argument("--vocab-size", type=int, default=2000)
+    parser.add_argument("--world-tokenizer", action="store_true",
+                        help="train the tokenizer on the whole world (pages and questions) as "
+                             "the SFT pipeline does; default: 500 pages")
     parser.add_argument("--world-size", type=int, default=2000)
     parser.add_argument("--max-turns", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1)
@@ -95,12 +153,14 @@ def main() -> None:
 
     group = DeepResearchGroupEnv(group_size=args.group, world_size=args.world_size,
                                  max_turns=args.max_turns)
-    world = group.envs[0].world
-    texts = [group.system_prompt] + [f"{p.title}\n{p.url}\n{p.text}" for p in list(world.corpus)[:500]]
-    tokenizer = build_chatml_tokenizer(texts, vocab_size=2000)
+    tokenizer = _tokenizer(group, args)
     chat = ChatTokenizer(tokenizer)
+    if args.heads:
+        shape = {"heads": args.heads}
+    else:
+        shape = {"heads": max(1, args.hidden // 64), "head_dim": 64}
     model = build_tiny_causal_lm(tokenizer, hidden=args.hidden, layers=args.layers,
-                                 heads=max(1, args.hidden // 64), head_dim=64)
+                                 intermediate=args.intermediate or None, **shape)
     sampling = SamplingConfig(max_turn_tokens=1024, temperature=0)
     seeds = list(range(args.queries))
 
@@ -110,47 +170,67 @@ def main() -> None:
     for seed in seeds:
         rollout_group(recorder, group, chat, seed=seed, sampling=sampling)
     targets = {tuple(request.prompt_ids): result.token_ids
-               for requests, results in recorder.calls
-               for request, result in zip(requests, results)}
+               for call in recorder.calls if call is not None
+               for request, result in zip(*call)}
 
     # Timed runs, alternated `--repeats` times; the best time of each counts, since the
     # machine is shared and load bursts only ever slow a run down.
-    rollout_seconds, engine_seconds = float("inf"), float("inf")
+    rollout_seconds = engine_seconds = float("inf")
+    reference_seconds = dict.fromkeys(REFERENCES, float("inf"))
     for _ in range(args.repeats):
-        # Rollout: replayed ids, real environments.
+        # Rollout: replayed ids, real environments, kept KV caches (the engine default).
         replay = RecordingEngine(ReplayHFEngine(model, tokenizer, targets))
-        stats = RolloutStats()
-        started = time.perf_counter()
-        trajectories = []
-        for seed in seeds:
-            trajectories += rollout_group(replay, group, chat, seed=seed, sampling=sampling,
-                                          stats=stats)
-        rollout_seconds = min(rollout_seconds, time.perf_counter() - started)
+        seconds, stats, trajectories = _timed_rollouts(replay, group, chat, seeds, sampling)
+        rollout_seconds = min(rollout_seconds, seconds)
         tokens = stats.generated_tokens
+
+        # The same rollouts on the engine before kept caches (re-encoding every prompt,
+        # the cache grown by concatenation), and re-encoding with the reserved decode cache
+        # (to split the gain between the two).
+        for name, options in REFERENCES.items():
+            reference = ReplayHFEngine(model, tokenizer, targets, **options)
+            seconds, _, reference_trajectories = _timed_rollouts(reference, group, chat, seeds,
+                                                                 sampling)
+            reference_seconds[name] = min(reference_seconds[name], seconds)
+            assert [t.input_ids for t in reference_trajectories] == \
+                [t.input_ids for t in trajectories]
 
         # Engine alone: the rollout's batches, nothing else.
         engine = ReplayHFEngine(model, tokenizer, targets)
         started = time.perf_counter()
         engine_tokens = 0
-        for requests, _ in replay.calls:
-            engine_tokens += sum(len(r.token_ids) for r in engine.generate(requests))
+        for call in replay.calls:
+            if call is None:
+                engine.forget_conversations()
+                continue
+            engine_tokens += sum(len(r.token_ids) for r in engine.generate(call[0]))
         engine_seconds = min(engine_seconds, time.perf_counter() - started)
         assert engine_tokens == tokens, (engine_tokens, tokens)
         print(f"# rollout {rollout_seconds:.2f} s (engine {stats.engine_seconds:.2f} s + env "
               f"and tokenisation {stats.env_seconds:.2f} s); engine alone "
-              f"{engine_seconds:.2f} s (best so far)", flush=True)
+              f"{engine_seconds:.2f} s; rollout re-encoding {reference_seconds['before']:.2f} s, "
+              f"re-encoding with the reserved decode cache "
+              f"{reference_seconds['reserved_decode']:.2f} s (best so far)", flush=True)
 
     kinds = [kind for t in trajectories for kind in t.turn_kinds]
+    lengths = sorted(len(t.input_ids) for t in trajectories)
+    calls = sum(call is not None for call in replay.calls)
+    cache = replay.inner.cache_stats
     print(f"# {len(trajectories)} trajectories, {len(kinds)} turns "
           f"({kinds.count('search')} search, {kinds.count('visit')} visit, "
-          f"{kinds.count('answer')} answer), {tokens} generated tokens in "
-          f"{len(replay.calls)} engine calls; mean outcome "
-          f"{sum(t.outcome or 0 for t in trajectories) / len(trajectories):.2f}")
+          f"{kinds.count('answer')} answer), {tokens} generated tokens in {calls} engine "
+          f"calls; trajectory tokens median {lengths[len(lengths) // 2]}, max {lengths[-1]}; "
+          f"prompt ids prefilled {cache.prefilled_tokens}, reused {cache.reused_tokens}; "
+          f"mean outcome {sum(t.outcome or 0 for t in trajectories) / len(trajectories):.2f}")
     engine_tps = tokens / engine_seconds
     rollout_tps = tokens / rollout_seconds
     print(f"RESULT engine_tokens_per_s={engine_tps:.1f}")
     print(f"RESULT rollout_tokens_per_s={rollout_tps:.1f}")
     print(f"RESULT rollout_efficiency={rollout_tps / engine_tps:.3f}")
+    before, reserved = reference_seconds["before"], reference_seconds["reserved_decode"]
+    print(f"# of the speedup: reserved decode cache {before / reserved:.2f}x, then kept "
+          f"caches {reserved / rollout_seconds:.2f}x")
+    print(f"RESULT rollout_kv_speedup={before / rollout_seconds:.2f}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ of the conversation so far (`ConversationBuilder.prompt_ids()`), greedy or sampl
 stops at the end-of-turn token. The generated ids go into the trajectory verbatim with their
 log-probs; only the decoded text (without the end-of-turn token) goes to the environment.
 The KV cache is kept across turns: the next turn's prompt extends the ids already in the
-cache (the builder only appends), so each token is encoded once per episode.
+cache (the builder only appends), so each token is encoded once per episode; a retried turn
+cuts the cache back to its prompt (trainers.kv_cache, shared with the batched engine).
 
 `run_episode` plays one task and returns a `Trajectory` (messages, turns with the env's
 kind / validity / rewards, token view, rollout log-probs, and in its metadata each turn's
@@ -39,6 +40,7 @@ import gymnasium as gym
 import torch
 from transformers import Cache
 
+from trainers.kv_cache import crop_cache, reserved_cache, reusable_prefix
 from trainers.models import kv_cache_argument, returned_kv_cache
 from trainers.sampling import sample_token
 from trainers.tokenization import ChatTokenizer, ConversationBuilder
@@ -94,16 +96,19 @@ class TransformersPolicy:
         self._cache, self._cached_ids = None, []
 
     def _reuse_cache_for(self, prompt: list[int]) -> None:
-        """Keep the KV cache if `prompt` extends the cached ids, else drop it.
+        """Keep the part of the KV cache that `prompt` starts with, drop the rest.
 
-        A retried turn's prompt is the cache minus the discarded attempt; it is encoded
-        again rather than cut from the cache, because `Cache.crop`'s argument changed
-        meaning between transformers 5.17 and 5.24 (retries are rare, and one forward of
-        the prompt is cheap next to a turn's token-by-token decoding).
+        The next turn's prompt extends the cached ids, so all of it is kept; a retried
+        turn's prompt is the cache minus the discarded attempt, so the cache is cut back to
+        their common prefix (trainers.kv_cache: by slicing, since `Cache.crop`'s argument
+        changed meaning between transformers 5.17 and 5.24).
         """
-        cached = len(self._cached_ids)
-        if not (cached < len(prompt) and self._cached_ids == prompt[:cached]):
+        keep = reusable_prefix(self._cached_ids, prompt)
+        if keep == 0:
             self.reset()
+        elif keep < len(self._cached_ids):
+            self._cache = crop_cache(self._cache, keep)
+            self._cached_ids = self._cached_ids[:keep]
 
     @torch.no_grad()
     def _forward(self, new_ids: list[int]) -> torch.Tensor:
@@ -125,6 +130,8 @@ class TransformersPolicy:
                              "message's ids)")
         self._reuse_cache_for(prompt)
         logits = self._forward(prompt[len(self._cached_ids):])
+        # Decoding writes into room reserved now instead of copying the cache every step.
+        self._cache = reserved_cache(self._cache, self.max_new_tokens)
         eot = self.chat.end_of_turn_id
         ids: list[int] = []
         logprobs: list[float] = []

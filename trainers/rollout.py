@@ -192,6 +192,7 @@ def rollout_group(engine: Engine, group_env: Any, chat: ChatTokenizer, *,
                          group_env.done[i])
         stats.env_seconds += time.perf_counter() - started
 
+    engine.forget_conversations()  # the group's episodes are over: free their KV caches
     prefix = trajectory_id_prefix or task.id
     return [_trajectory(member, f"{prefix}/{i}", task, seed)
             for i, member in enumerate(members)]

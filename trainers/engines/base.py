@@ -3,6 +3,7 @@
     engine.generate([GenerationRequest(prompt_ids, max_new_tokens, ...), ...])
         -> [GenerationResult(token_ids, logprobs, finish_reason), ...]   (same order)
     engine.update_weights(state_dict or iterable of (name, tensor))
+    engine.forget_conversations()      # the caller's episodes ended (frees kept KV caches)
     engine.close()
 
 Conventions every engine follows (tests hold the transformers and vLLM engines to them):
@@ -97,6 +98,11 @@ class Engine(abc.ABC):
     def update_weights(self, weights: NamedTensors) -> None:
         """Load new policy weights (a state dict or (name, tensor) pairs) into the engine."""
         raise NotImplementedError(f"{type(self).__name__} does not accept new weights")
+
+    def forget_conversations(self) -> None:
+        """The caller's conversations are over: drop state kept per conversation (the
+        transformers engine's KV caches). Results never depend on it; only speed and memory."""
+        return None  # engines that keep nothing per conversation have nothing to drop
 
     def close(self) -> None:
         """Release the engine's resources (idempotent)."""
