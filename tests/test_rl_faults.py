@@ -210,11 +210,12 @@ def test_ray_learner_killed_mid_update_stops_the_run_naming_it_and_the_checkpoin
     config = on_ray(small_config(policy_dir, tmp_path / "run"), learners=2)
     updates = []
     call_each = WorkerGroup.call_each
+    per_step = config.learner.mini_batches * config.learner.ppo_epochs  # optimizer steps
 
     def kill_learner_1_in_step_1(group, verb, args):
         if group.role == "learner" and verb == "update":
             updates.append(verb)
-            if len(updates) == 2:  # step 1 (one optimizer step per step)
+            if len(updates) == per_step + 1:  # step 1's first optimizer step
                 collect = group._collect
 
                 def kill_then_collect(calls):

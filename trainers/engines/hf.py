@@ -3,7 +3,7 @@
 `HFEngine(model, tokenizer)` runs its own decode loop rather than `model.generate`, because
 the engine contract (trainers.engines.base) needs per-request things generate does not give
 together: a seed per request, stop strings cut at a token boundary per row, banned ids, and
-raw log-probs of the sampled ids (the token rule is trainers.sampling's, shared with the
+log-probs of the sampled ids (the token rule is trainers.sampling's, shared with the
 single-conversation policy). The loop is the textbook one:
 
     left-pad the prompts -> one prefill forward (attention mask + explicit position ids)
@@ -292,7 +292,7 @@ class HFEngine(Engine):
         return next_ids
 
     def _choose(self, logits: torch.Tensor, row: DecodeRow, step: int) -> tuple[int, float]:
-        """One row's token and its raw log-prob, by trainers.sampling's one rule."""
+        """One row's token and its log-prob, by trainers.sampling's one rule."""
         request = row.request
         return sample_token(logits, temperature=request.temperature, top_p=request.top_p,
                             top_k=request.top_k, banned_ids=request.banned_token_ids,

@@ -14,7 +14,8 @@
                                                          model: rollout.sync_weights)
         log metrics, save samples, checkpoint every save_every steps
 
-The worker verbs (trainers.rl.workers) run on worker groups (trainers.rl.worker_group):
+The worker verbs (trainers.rl.workers) run on worker groups (trainers.rl.worker_group,
+started by trainers.rl.run_workers):
 objects in this process (for debugging) or Ray actors (rollout workers with their engines,
 learners joined by torch.distributed, a shared search service); this file is the same.
 
@@ -45,30 +46,26 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from trainers.batch import RolloutBatch, collate, record_from_trajectory
+from trainers.models import load_tokenizer
 from trainers.rl.checkpoint import latest_rl_checkpoint, resume, save_checkpoint
 from trainers.rl.config import LearnerConfig, RLConfig, rl_config_to_dict
 from trainers.rl.held_out import EvalPolicy
 from trainers.rl.metrics import dumps_json, rollout_drift
-from trainers.rl.worker_group import WorkerDied, WorkerGroup, WorkerSpec, backend_for
+from trainers.rl.run_workers import Workers, start_workers
+from trainers.rl.worker_group import WorkerDied, WorkerGroup
 from trainers.rl.workers import (
-    Learner,
     LossTotals,
     RolloutJob,
     RolloutResult,
-    RolloutWorker,
-    SearchService,
     deal_rows,
-    load_tokenizer,
     merge_scores,
     merge_update_metrics,
     policy_rows,
 )
-from trainers.rollout import SamplingConfig
 from trainers.trajectory import Trajectory
 
 
@@ -91,66 +88,6 @@ def step_jobs(run_seed: int, step: int, queries: int, num_tasks: int) -> list[Ro
         jobs.append(RolloutJob(task_index=int(order[offset]), group_id=group,
                                seed=job_seed(run_seed, step, group)))
     return jobs
-
-
-# --- the workers ----------------------------------------------------------------------------
-@dataclass
-class Workers:
-    """The run's worker groups: learners, rollout workers and the optional search service."""
-
-    learners: WorkerGroup
-    rollouts: WorkerGroup
-    search: WorkerGroup | None = None
-
-    def close(self) -> None:
-        """Release everything, even when a learner died or raised (then the learners are
-        stopped without their `close`: it would queue behind a collective that never
-        ends)."""
-        try:
-            if not self.learners.broken:
-                self.learners.call("close")
-        finally:
-            for group in (self.learners, self.rollouts, self.search):
-                if group is not None:
-                    group.shutdown()
-
-
-def start_workers(config: RLConfig, algorithm: Any) -> Workers:
-    """Learners (joined by torch.distributed when several), rollout workers with their
-    engines and, with env.shared_search, one retrieval service they all search."""
-    backend = backend_for(config.run)
-    learner, rollout = config.learner, config.rollout
-    search = WorkerGroup(backend, [WorkerSpec(
-        SearchService, (config.env.kwargs(),),
-        resources={"num_cpus": 0})], role="search service") if config.env.shared_search else None
-    settings = dict(lr=learner.lr, betas=tuple(learner.betas), weight_decay=learner.weight_decay,
-                    grad_clip=learner.grad_clip, warmup_steps=learner.warmup_steps,
-                    micro_batch_size=learner.micro_batch_size, backend=learner.backend,
-                    strategy=learner.strategy, threads=config.policy.threads,
-                    use_gpu=backend.uses_gpu(learner.gpus_per_learner), seed=config.run.seed,
-                    world_size=learner.num_learners, temperature=rollout.temperature)
-    learners = WorkerGroup(backend, [WorkerSpec(
-        Learner, (config.policy.path, algorithm), {**settings, "rank": rank},
-        {"num_cpus": learner.cpus_per_learner, "num_gpus": learner.gpus_per_learner})
-        for rank in range(learner.num_learners)], role="learner")
-    if learner.num_learners > 1:
-        # Rank 0 hosts the rendezvous, so its node's address is used; every rank joins at
-        # once (init_process_group blocks until all have).
-        learners.call("join", learners.call_first("rendezvous_address"))
-    sampling = SamplingConfig(max_turn_tokens=rollout.max_turn_tokens,
-                              temperature=rollout.temperature, top_p=rollout.top_p)
-    worker = WorkerSpec(RolloutWorker, (
-        config.policy.path, config.env.kwargs(), rollout.group_size, sampling,
-        rollout.max_context_tokens, rollout.engine, config.policy.threads,
-        search.call_first("url") if search else None, dict(rollout.vllm_options),
-        {"base_url": rollout.openai_url, "model": rollout.openai_model,
-         "api_key_env": rollout.openai_api_key_env}),
-        resources={"num_cpus": rollout.cpus_per_worker, "num_gpus": rollout.gpus_per_worker,
-                   "max_restarts": 0})
-    rollouts = WorkerGroup(backend, [worker] * max(1, rollout.num_workers),
-                           max_restarts=rollout.max_worker_restarts, role="rollout worker",
-                           restarts_field="rollout.max_worker_restarts")
-    return Workers(learners, rollouts, search)
 
 
 # --- the step's verbs -----------------------------------------------------------------------
@@ -234,7 +171,6 @@ def train(config: RLConfig, *, stop_after: int | None = None,
         hooks, fault injection).
     keep_trajectories: return every step's trajectories (tests).
     """
-    from trainers.evaluation import evaluate as evaluate_engine
     from trainers.rl.metrics import MetricsLogger, trajectory_stats
 
     config.validate()
@@ -256,7 +192,7 @@ def train(config: RLConfig, *, stop_after: int | None = None,
         num_tasks = rollouts.call_first("num_tasks")
         evaluator = EvalPolicy(config, weights)
         if start_step == 0 and config.eval.before:
-            result.before = evaluator.evaluate(evaluate_engine, chat)
+            result.before = evaluator.evaluate(chat)
         logger = MetricsLogger(output_dir, config.run.steps, start_step=start_step,
                                progress_bar=config.run.progress_bar,
                                tensorboard={"auto": "auto", "on": True, "off": False}[
@@ -300,7 +236,7 @@ def train(config: RLConfig, *, stop_after: int | None = None,
                            "retried_groups": float(rollouts.retried)}
                 if config.eval.every and (step + 1) % config.eval.every == 0:
                     evaluator.load(weights)
-                    held_out = evaluator.evaluate(evaluate_engine, chat)
+                    held_out = evaluator.evaluate(chat)
                     metrics.update({f"eval/{k}": v for k, v in held_out.items()})
                 logger.log(step, metrics)
                 logger.save_samples(step, trajectories, k=config.run.sample_trajectories)
@@ -313,7 +249,7 @@ def train(config: RLConfig, *, stop_after: int | None = None,
                                     config.rollout.queries_per_step)
         if end == config.run.steps:
             evaluator.load(weights)
-            result.after = evaluator.evaluate(evaluate_engine, chat)
+            result.after = evaluator.evaluate(chat)
             evaluator.save_final(output_dir / "final", tokenizer)
             (output_dir / "eval.json").write_text(dumps_json(
                 {"before": result.before, "after": result.after}, indent=2))

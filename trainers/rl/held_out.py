@@ -8,14 +8,13 @@ directory (`save_final`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trainers.models import load_policy
 from trainers.rl.config import RLConfig
-from trainers.rl.workers import load_policy
 from trainers.rollout import SamplingConfig, text_token_counter
 
 
@@ -33,14 +32,17 @@ class EvalPolicy:
     def load(self, weights: dict[str, torch.Tensor]) -> None:
         self.engine.update_weights(weights)
 
-    def evaluate(self, evaluate_engine: Callable[..., Any], chat: Any) -> dict[str, float]:
+    def evaluate(self, chat: Any) -> dict[str, float]:
+        """Greedy play of the held-out split with the loaded weights: the evaluation's
+        summary (trainers.evaluation)."""
+        from trainers.evaluation import evaluate
+
         config = self.config
         sampling = SamplingConfig(max_turn_tokens=config.eval.max_turn_tokens, temperature=0.0)
         env_kwargs = {**config.env.kwargs(), "token_counter": text_token_counter(chat)}
-        result = evaluate_engine(self.engine, chat, env_kwargs,
-                                 num_tasks=config.eval.num_tasks, k=1, sampling=sampling,
-                                 task_split=config.eval.split,
-                                 max_context_tokens=config.rollout.max_context_tokens)
+        result = evaluate(self.engine, chat, env_kwargs, num_tasks=config.eval.num_tasks, k=1,
+                          sampling=sampling, task_split=config.eval.split,
+                          max_context_tokens=config.rollout.max_context_tokens)
         return result.summary()
 
     def save_final(self, directory: Path, tokenizer: Any) -> None:

@@ -54,9 +54,7 @@ import transformers
 from trainers.batch import RolloutBatch
 from trainers.distributed import all_reduce_gradients
 from trainers.information_gain import InformationGainConfig, score_batch
-
-# load_tokenizer: the driver imports it from here.
-from trainers.models import BOOLEAN_LOGITS_TO_KEEP, load_policy, load_tokenizer  # noqa: F401
+from trainers.models import BOOLEAN_LOGITS_TO_KEEP, load_policy, load_tokenizer
 from trainers.probes import build_probe_template, build_probes, encode_text
 from trainers.rollout import RolloutStats, SamplingConfig, rollout_group, text_token_counter
 from trainers.trajectory import Trajectory

@@ -1,0 +1,76 @@
+"""The RL run's workers: learners, rollout workers and the optional shared search service,
+started as worker groups (trainers.rl.worker_group) from an RLConfig.
+
+    workers = start_workers(config, algorithm)     # in this process or as Ray actors
+    workers.learners.call(...); workers.rollouts.map(...)
+    workers.close()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trainers.rl.config import RLConfig
+from trainers.rl.worker_group import WorkerGroup, WorkerSpec, backend_for
+from trainers.rl.workers import Learner, RolloutWorker, SearchService
+from trainers.rollout import SamplingConfig
+
+
+@dataclass
+class Workers:
+    """The run's worker groups: learners, rollout workers and the optional search service."""
+
+    learners: WorkerGroup
+    rollouts: WorkerGroup
+    search: WorkerGroup | None = None
+
+    def close(self) -> None:
+        """Release everything, even when a learner died or raised (then the learners are
+        stopped without their `close`: it would queue behind a collective that never
+        ends)."""
+        try:
+            if not self.learners.broken:
+                self.learners.call("close")
+        finally:
+            for group in (self.learners, self.rollouts, self.search):
+                if group is not None:
+                    group.shutdown()
+
+
+def start_workers(config: RLConfig, algorithm: Any) -> Workers:
+    """Learners (joined by torch.distributed when several), rollout workers with their
+    engines and, with env.shared_search, one retrieval service they all search."""
+    backend = backend_for(config.run)
+    learner, rollout = config.learner, config.rollout
+    search = WorkerGroup(backend, [WorkerSpec(
+        SearchService, (config.env.kwargs(),),
+        resources={"num_cpus": 0})], role="search service") if config.env.shared_search else None
+    settings = dict(lr=learner.lr, betas=tuple(learner.betas), weight_decay=learner.weight_decay,
+                    grad_clip=learner.grad_clip, warmup_steps=learner.warmup_steps,
+                    micro_batch_size=learner.micro_batch_size, backend=learner.backend,
+                    strategy=learner.strategy, threads=config.policy.threads,
+                    use_gpu=backend.uses_gpu(learner.gpus_per_learner), seed=config.run.seed,
+                    world_size=learner.num_learners, temperature=rollout.temperature)
+    learners = WorkerGroup(backend, [WorkerSpec(
+        Learner, (config.policy.path, algorithm), {**settings, "rank": rank},
+        {"num_cpus": learner.cpus_per_learner, "num_gpus": learner.gpus_per_learner})
+        for rank in range(learner.num_learners)], role="learner")
+    if learner.num_learners > 1:
+        # Rank 0 hosts the rendezvous, so its node's address is used; every rank joins at
+        # once (init_process_group blocks until all have).
+        learners.call("join", learners.call_first("rendezvous_address"))
+    sampling = SamplingConfig(max_turn_tokens=rollout.max_turn_tokens,
+                              temperature=rollout.temperature, top_p=rollout.top_p)
+    worker = WorkerSpec(RolloutWorker, (
+        config.policy.path, config.env.kwargs(), rollout.group_size, sampling,
+        rollout.max_context_tokens, rollout.engine, config.policy.threads,
+        search.call_first("url") if search else None, dict(rollout.vllm_options),
+        {"base_url": rollout.openai_url, "model": rollout.openai_model,
+         "api_key_env": rollout.openai_api_key_env}),
+        resources={"num_cpus": rollout.cpus_per_worker, "num_gpus": rollout.gpus_per_worker,
+                   "max_restarts": 0})
+    rollouts = WorkerGroup(backend, [worker] * max(1, rollout.num_workers),
+                           max_restarts=rollout.max_worker_restarts, role="rollout worker",
+                           restarts_field="rollout.max_worker_restarts")
+    return Workers(learners, rollouts, search)
