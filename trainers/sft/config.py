@@ -62,6 +62,15 @@ class ModelConfig:
     intermediate: int = help_field("MLP width of the tiny model (0 = 4 * hidden).", 0)
     max_positions: int = help_field("Maximum positions (RoPE) of the tiny model.", 8192)
     init_seed: int = help_field("Seed of the tiny model's random initialisation.", 0)
+    lora_rank: int = help_field("LoRA adapter rank (peft, the 'lora' extra): train adapters on "
+                                "the attention and MLP projections only; the final model is saved "
+                                "merged (base + delta) as a plain checkpoint. 0 = train all "
+                                "weights.", 0)
+    lora_alpha: float = help_field("LoRA scale numerator (delta = B A alpha / rank).", 16.0)
+    lora_dropout: float = help_field("Dropout on the LoRA adapter input.", 0.0)
+    lora_targets: tuple[str, ...] = help_field(
+        "Module names that get adapters.", ("q_proj", "k_proj", "v_proj", "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"))
     grow_layers_after: tuple[int, ...] = help_field(
         "Block expansion (LLaMA Pro): after loading the model, insert a new decoder layer "
         "after each of these layer indices, starting as the identity (a copy with zeroed "
@@ -71,6 +80,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"model.dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
+        if self.lora_rank < 0:
+            raise ValueError(f"model.lora_rank must be >= 0 (0 = no LoRA), got {self.lora_rank}")
         indices = list(self.grow_layers_after)  # item types are checked by from_dict
         if any(index < 0 for index in indices) or len(set(indices)) != len(indices):
             raise ValueError(f"model.grow_layers_after must be distinct layer indices >= 0, "

@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from trainers.data.oracle_data import (
     DEFAULT_MIXTURE,
@@ -30,6 +30,7 @@ from trainers.data.oracle_data import (
     tokenize_trajectories,
     world_texts,
 )
+from trainers.lora import LoraSettings, apply_lora, has_lora, merged_state_dict
 from trainers.models import (
     build_chat_tokenizer,
     build_chatml_tokenizer,
@@ -103,7 +104,23 @@ def build_model(model_config: ModelConfig, tokenizer: Any) -> PreTrainedModel:
         model.resize_token_embeddings(len(tokenizer))
     if model_config.grow_layers_after:
         model = grow_layers(model, model_config.grow_layers_after)
+    if model_config.lora_rank:
+        model = apply_lora(model, LoraSettings(
+            rank=model_config.lora_rank, alpha=model_config.lora_alpha,
+            dropout=model_config.lora_dropout, targets=tuple(model_config.lora_targets)))
     return model.train()
+
+
+def save_model(model: PreTrainedModel, directory: str | Path) -> None:
+    """save_pretrained; a model with LoRA adapters is saved merged (base + delta) as a plain
+    checkpoint, which RL, evaluation and engines load like any other."""
+    if not has_lora(model):
+        model.save_pretrained(directory)
+        return
+    plain = AutoModelForCausalLM.from_config(model.config, dtype=model.dtype)
+    plain.load_state_dict(merged_state_dict(model))
+    plain.generation_config = model.generation_config
+    plain.save_pretrained(directory)
 
 
 def build_trajectories(config: SFTExperimentConfig, chat: ChatTokenizer) -> list[Trajectory]:
@@ -206,6 +223,6 @@ def train_sft(config: SFTExperimentConfig, samples: list[SFTSample] | None = Non
                                     else resume)
         history = trainer.train()
         trainer.save_checkpoint()
-    model.save_pretrained(output_dir / "final")
+    save_model(model, output_dir / "final")
     tokenizer.save_pretrained(output_dir / "final")
     return model, tokenizer, history
