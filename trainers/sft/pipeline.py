@@ -98,8 +98,8 @@ def build_model(model_config: ModelConfig, tokenizer: Any) -> PreTrainedModel:
         model = load_causal_lm(model_config.name, dtype=resolve_dtype(model_config.dtype),
                                what="model.name")
     else:
-        raise ValueError(f"model.name must be 'tiny', 'smollm2', a local model directory or a "
-                         f".gguf file, got {model_config.name!r}")
+        raise ValueError(f"model.name must be 'tiny', 'smollm2', a local directory (a saved "
+                         f"model) or a .gguf file, got {model_config.name!r}")
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
     if model_config.grow_layers_after:
