@@ -182,3 +182,26 @@ def test_learner_options_are_validated_by_name(policy_dir):
     with pytest.raises(ValueError, match="match no module"):
         Learner(policy_dir, algorithm(), lr=1e-3, lora_rank=2, lora_targets=("nothing_here",))
     assert Path(policy_dir).is_dir()
+
+
+def test_rl_run_with_lora_autocast_and_checkpointing_from_the_config(tmp_path):
+    """The learner settings travel from the RL config through the driver: a one-step
+    in-process run with LoRA, bf16 autocast and gradient checkpointing moves only the
+    adapted projections of the synced (merged) weights."""
+    from tests.test_rl_driver import WORLD, small_config
+    from trainers.data.oracle_data import world_texts
+    from trainers.rl.driver import train
+
+    policy = tmp_path / "policy"
+    tokenizer = build_chatml_tokenizer(world_texts(WORLD), vocab_size=2048)
+    build_tiny_causal_lm(tokenizer, hidden=64, layers=2, heads=2, seed=0).save_pretrained(policy)
+    tokenizer.save_pretrained(policy)
+    config = small_config(str(policy), tmp_path / "run", algorithm="grpo", steps=1)
+    config.eval.before = False
+    config.learner = dataclasses.replace(config.learner, lora_rank=4, autocast="bfloat16",
+                                         gradient_checkpointing=True)
+    result = train(config)
+    base = load_policy(policy)[0].state_dict()
+    assert result.weights.keys() == base.keys()
+    moved = {k for k in base if not torch.equal(result.weights[k], base[k])}
+    assert moved and all(k.rsplit(".", 2)[-2] in config.learner.lora_targets for k in moved)

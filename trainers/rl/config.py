@@ -41,7 +41,9 @@ class PolicyConfig:
     """The starting policy (usually the SFT warm start) and its tokenizer."""
 
     path: str = help_field("Local directory with the model and its tokenizer (save_pretrained), "
-                           "e.g. the SFT run's final/ directory.", "")
+                           "e.g. the SFT run's final/ directory, or a .gguf file (de-quantised "
+                           "on every load; engine hf only). Its tokenizer's chat template is "
+                           "used and must be prefix-stable.", "")
     threads: int = help_field("torch intra-op threads per process (0 = leave as is).", 0)
 
 
