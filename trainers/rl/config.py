@@ -45,7 +45,9 @@ class PolicyConfig:
     """The starting policy (usually the SFT warm start) and its tokenizer."""
 
     path: str = help_field("Local directory with the model and its tokenizer (save_pretrained), "
-                           "e.g. the SFT run's final/ directory.", "")
+                           "e.g. the SFT run's final/ directory, or a .gguf file (de-quantised "
+                           "on every load; engine hf only). Its tokenizer's chat template is "
+                           "used and must be prefix-stable.", "")
     threads: int = help_field("torch intra-op threads per process (0 = leave as is).", 0)
 
 
@@ -144,6 +146,28 @@ class LearnerConfig:
                                "the learners; needs num_learners >= 2).", "ddp")
     cpus_per_learner: float = help_field("Ray CPUs reserved per learner.", 1.0)
     gpus_per_learner: float = help_field("Ray GPUs per learner (1 for NCCL training).", 0.0)
+    dtype: str = help_field("Parameter dtype of the trained weights: 'float32' (fp32 master "
+                            "weights; engines cast them to their own dtype) or 'bfloat16' "
+                            "(half the memory, but an lr 1e-6 step rounds away in bf16).",
+                            "float32")
+    autocast: str = help_field("'off' or 'bfloat16': run forward and backward under bf16 "
+                               "autocast over the master weights (mixed precision).", "off")
+    gradient_checkpointing: bool = help_field("Recompute activations in backward (less "
+                                              "memory, ~30% more compute).", False)
+    lora_rank: int = help_field("LoRA adapter rank (peft, the 'lora' extra); 0 = train all "
+                                "weights. Engines get base + merged adapter weights.", 0)
+    lora_alpha: float = help_field("LoRA scale numerator (delta = B A alpha / rank).", 16.0)
+    lora_dropout: float = help_field("Dropout on the LoRA adapter input.", 0.0)
+    lora_targets: tuple[str, ...] = help_field(
+        "Module names that get adapters.", ("q_proj", "k_proj", "v_proj", "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"))
+
+    def model_settings(self) -> dict[str, Any]:
+        """The Learner's precision, memory and LoRA keyword arguments."""
+        return dict(dtype=self.dtype, autocast=self.autocast,
+                    gradient_checkpointing=self.gradient_checkpointing,
+                    lora_rank=self.lora_rank, lora_alpha=self.lora_alpha,
+                    lora_dropout=self.lora_dropout, lora_targets=tuple(self.lora_targets))
 
 
 @dataclass
@@ -228,6 +252,13 @@ class RLConfig:
             (self.learner.strategy in ("ddp", "fsdp"), "learner.strategy must be ddp or fsdp"),
             (self.learner.strategy == "ddp" or self.learner.num_learners >= 2,
              "learner.strategy fsdp shards over learners: set learner.num_learners >= 2"),
+            (self.learner.dtype in ("float32", "bfloat16", "float16"),
+             "learner.dtype must be float32, bfloat16 or float16"),
+            (self.learner.autocast in ("off", "bfloat16"),
+             "learner.autocast must be off or bfloat16"),
+            (self.learner.lora_rank >= 0, "learner.lora_rank must be >= 0 (0 = no LoRA)"),
+            (self.learner.lora_rank == 0 or self.learner.strategy == "ddp",
+             "learner.lora_rank > 0 needs learner.strategy ddp"),
             (self.run.steps >= 1, "run.steps must be >= 1"),
             (self.eval.split in ("test", "validation"), "eval.split must be test or validation"),
             (self.eval.split != "validation" or self.env.validation_fraction > 0,

@@ -51,7 +51,8 @@ def start_workers(config: RLConfig, algorithm: Any) -> Workers:
                     micro_batch_size=learner.micro_batch_size, backend=learner.backend,
                     strategy=learner.strategy, threads=config.policy.threads,
                     use_gpu=backend.uses_gpu(learner.gpus_per_learner), seed=config.run.seed,
-                    world_size=learner.num_learners, temperature=rollout.temperature)
+                    world_size=learner.num_learners, temperature=rollout.temperature,
+                    **learner.model_settings())
     learners = WorkerGroup(backend, [WorkerSpec(
         Learner, (config.policy.path, algorithm), {**settings, "rank": rank},
         {"num_cpus": learner.cpus_per_learner, "num_gpus": learner.gpus_per_learner})

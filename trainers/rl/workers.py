@@ -27,6 +27,17 @@ Two strategies (`learner.strategy`):
   data-dependent number of forwards per learner, which sharded modules (one collective per
   forward, on every rank) cannot do.
 
+Precision, memory and LoRA (learner.dtype, autocast, gradient_checkpointing, lora_rank)
+* Master weights are fp32 by default (`dtype: float32`) and `autocast: bfloat16` computes the
+  forward and backward in bf16 over them (verl's mixed precision does the same). Training
+  bf16 weights directly (`dtype: bfloat16`) loses small updates: an AdamW step moves each
+  weight by about lr (1e-6 at DR-Venus's setting), while bf16 resolves only ~1/256 of a
+  weight's magnitude, so the step rounds back to the old value. Engines get the fp32 master
+  weights and cast them to their own dtype; accumulated updates then reach a bf16 engine.
+* With `lora_rank > 0` (peft) only the adapters train; `weights()` merges them into the base
+  weights, so engines and saved policies see a plain model (trainers.lora). LoRA is for the
+  ddp strategy only.
+
 Where we deviate from DR-Venus / verl and why
 * The FSDP learner's unsharded scoring copy costs one model of memory per learner (no
   gradients or optimizer state). verl scores with the sharded module instead; our per-row
@@ -38,6 +49,7 @@ Where we deviate from DR-Venus / verl and why
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import os
@@ -54,7 +66,8 @@ import transformers
 from trainers.batch import RolloutBatch
 from trainers.distributed import all_reduce_gradients
 from trainers.information_gain import InformationGainConfig, score_batch
-from trainers.models import BOOLEAN_LOGITS_TO_KEEP, load_policy, load_tokenizer
+from trainers.lora import LoraSettings, apply_lora, has_lora, merged_state_dict
+from trainers.models import BOOLEAN_LOGITS_TO_KEEP, load_policy, load_tokenizer, resolve_dtype
 from trainers.probes import build_probe_template, build_probes, encode_text
 from trainers.rollout import RolloutStats, SamplingConfig, rollout_group, text_token_counter
 from trainers.trajectory import Trajectory
@@ -290,6 +303,11 @@ class Learner:
         threads: torch threads (0 = leave as is).
         seed: seeds python / numpy / torch in this process.
         temperature: the rollout temperature; log-probs and probe scores use logits / it.
+        dtype: parameter dtype of the trained weights ("float32": fp32 master weights).
+        autocast: "off" or "bfloat16" (forward and backward under bf16 autocast).
+        gradient_checkpointing: recompute activations in backward (less memory).
+        lora_rank, lora_alpha, lora_dropout, lora_targets: LoRA adapters through peft
+            (rank 0 = full fine-tuning; trainers.lora).
     """
 
     def __init__(self, policy_path: str, algorithm: Any, *, lr: float,
@@ -297,9 +315,16 @@ class Learner:
                  grad_clip: float = 1.0, warmup_steps: int = 0, micro_batch_size: int = 4,
                  rank: int = 0, world_size: int = 1, master: str = "", backend: str = "auto",
                  strategy: str = "ddp", use_gpu: bool = True, threads: int = 0, seed: int = 0,
-                 temperature: float = 1.0):
+                 temperature: float = 1.0, dtype: str = "float32", autocast: str = "off",
+                 gradient_checkpointing: bool = False, lora_rank: int = 0,
+                 lora_alpha: float = 16.0, lora_dropout: float = 0.0,
+                 lora_targets: tuple[str, ...] | None = None):
         if strategy not in ("ddp", "fsdp"):
             raise ValueError(f"strategy must be 'ddp' or 'fsdp', got {strategy!r}")
+        if autocast not in ("off", "bfloat16"):
+            raise ValueError(f"autocast must be 'off' or 'bfloat16', got {autocast!r}")
+        if lora_rank and strategy != "ddp":
+            raise ValueError("LoRA (lora_rank > 0) needs strategy 'ddp'")
         if strategy == "fsdp" and world_size < 2:
             raise ValueError("strategy 'fsdp' shards over learners: it needs world_size >= 2")
         if temperature <= 0:
@@ -317,7 +342,23 @@ class Learner:
                                    if use_gpu and torch.cuda.is_available() else "cpu")
         if self.backend == "auto":
             self.backend = "nccl" if self.device.type == "cuda" else "gloo"
-        model, self.tokenizer, self.chat = load_policy(policy_path)
+        model, self.tokenizer, self.chat = load_policy(policy_path, dtype=resolve_dtype(dtype))
+        self.autocast_dtype = None if autocast == "off" else resolve_dtype(autocast)
+        if gradient_checkpointing:
+            # Non-reentrant: works with frozen inputs (LoRA) and returns exact gradients.
+            # transformers 5.2x renamed the method (the old name warns); the vLLM venv's
+            # older 5.x has only the old one.
+            kwargs = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            model.config.use_cache = False
+        if lora_rank:
+            model = apply_lora(model, LoraSettings(
+                rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout,
+                **({"targets": tuple(lora_targets)} if lora_targets else {})))
+        self.lora = has_lora(model)
         self.model = model.to(self.device)
         # The module that scores and whose weights go to the engines: the trained module
         # itself, or (fsdp) an unsharded copy refreshed after every update.
@@ -331,7 +372,7 @@ class Learner:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.optimizer_settings = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay)
         self.optimizer = None if strategy == "fsdp" else torch.optim.AdamW(
-            self.model.parameters(), **self.optimizer_settings)  # fsdp: after sharding
+            self._trained_parameters(), **self.optimizer_settings)  # fsdp: after sharding
         self.lr, self.warmup_steps, self.grad_clip = lr, warmup_steps, grad_clip
         self.micro_batch_size = micro_batch_size
         self.updates = 0
@@ -384,10 +425,11 @@ class Learner:
                 distractor_probes = None if distractors is None else [
                     build_probes(self.tokenizer, self.probe_template, wrong)
                     for wrong in distractors]
-                scored = score_batch(self.scorer, batch, probes,
-                                     self.algorithm.probe_slots(batch),
-                                     InformationGainConfig(temperature=self.temperature),
-                                     distractors=distractor_probes)
+                with self._autocast():
+                    scored = score_batch(self.scorer, batch, probes,
+                                         self.algorithm.probe_slots(batch),
+                                         InformationGainConfig(temperature=self.temperature),
+                                         distractors=distractor_probes)
                 out["boundary_scores"] = scored.boundary_scores
                 out["old_logprobs"] = scored.old_logprobs
             else:
@@ -439,7 +481,7 @@ class Learner:
         if self.world_size > 1 and self.strategy == "ddp":
             all_reduce_gradients(self.model.parameters())
         grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.grad_clip if self.grad_clip > 0 else float("inf"))
+            self._trained_parameters(), self.grad_clip if self.grad_clip > 0 else float("inf"))
         if hasattr(grad_norm, "full_tensor"):  # fsdp: a DTensor of the global norm
             grad_norm = grad_norm.full_tensor()
         for group in self.optimizer.param_groups:
@@ -452,6 +494,11 @@ class Learner:
                 "lr": self.optimizer.param_groups[0]["lr"] / self.world_size}
 
     def weights(self) -> dict[str, torch.Tensor]:
+        """The policy's weights for the engines, on the CPU in the learner's dtype (the
+        fp32 masters by default; an engine casts them to its own dtype). With LoRA: base +
+        merged adapter delta, under the base model's names."""
+        if self.lora:
+            return merged_state_dict(self.scorer)
         return {name: tensor.detach().cpu().clone()
                 for name, tensor in self.scorer.state_dict().items()}
 
@@ -472,7 +519,10 @@ class Learner:
             optimizer_state = self.optimizer.state_dict()
         if self.rank != 0:
             return
-        state = {"model": self.weights(), "optimizer": optimizer_state,
+        # With LoRA the module's own state (base + adapters), which load() restores.
+        model_state = {name: tensor.detach().cpu().clone() for name, tensor
+                       in self.model.state_dict().items()} if self.lora else self.weights()
+        state = {"model": model_state, "optimizer": optimizer_state,
                  "strategy": self.strategy, "updates": self.updates,
                  # Nothing in the update samples today; kept so a stochastic plug-in
                  # (dropout, sampled mini-batches) resumes exactly too.
@@ -525,9 +575,17 @@ class Learner:
             dist.destroy_process_group()
 
     # --- internals ----------------------------------------------------------------------
+    def _trained_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _autocast(self) -> Any:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
     def _logprobs(self, model: Any, batch: RolloutBatch, grad: bool
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.set_grad_enabled(grad):
+        with torch.set_grad_enabled(grad), self._autocast():
             logprobs, entropy = policy_token_logprobs(model, batch, self.device,
                                                       self.temperature)
         return (logprobs.detach().cpu(), entropy.detach().cpu()) if not grad else \
@@ -565,7 +623,8 @@ class Learner:
         # Its own RNG stream: a model with dropout must not draw extra numbers on some ranks.
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            logits = self.model(input_ids=ids, use_cache=False).logits
+            with self._autocast():
+                logits = self.model(input_ids=ids, use_cache=False).logits
             (logits.float().sum() * 0.0).backward()
 
 

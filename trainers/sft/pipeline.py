@@ -7,6 +7,9 @@ Where we deviate from DR-Venus and why
 * `tokenizer: world` trains a byte-level BPE tokenizer on the embedded world's pages,
   questions and the environment's system prompt, so that a tiny model trained from scratch
   on a CPU sees entity names as a few tokens (DR-Venus uses Qwen3's 151K-token vocabulary).
+* The chat template is the model's own when it renders prefix-stably (`model.chat_template:
+  model`); Qwen3's, which strips `<think>` from earlier turns, is refused with the fix named
+  (`chatml`) rather than rendered turn by turn: rollouts then see the same ids as SFT.
 """
 
 from __future__ import annotations
@@ -27,15 +30,21 @@ from trainers.data.oracle_data import (
     tokenize_trajectories,
     world_texts,
 )
+from trainers.lora import LoraSettings, apply_lora, has_lora, merged_state_dict
 from trainers.models import (
+    build_chat_tokenizer,
     build_chatml_tokenizer,
     build_tiny_causal_lm,
     grow_layers,
+    is_gguf,
+    load_causal_lm,
+    load_pretrained_tokenizer,
     load_smollm2,
+    resolve_dtype,
 )
 from trainers.sft.config import ModelConfig, SFTExperimentConfig
 from trainers.sft.packing import SFTSample, samples_from_trajectories
-from trainers.tokenization import CHATML_TEMPLATE, ChatTokenizer
+from trainers.tokenization import ChatTokenizer
 from trainers.trajectory import Trajectory, read_trajectories
 
 MIXTURES = {"default": DEFAULT_MIXTURE, "short": SHORT_MIXTURE, "plain": PLAIN_MIXTURE}
@@ -68,13 +77,15 @@ def build_tokenizer(model_config: ModelConfig, env_kwargs: dict[str, Any],
     if model_config.tokenizer == "model":
         if model_config.name == "smollm2":
             return load_smollm2(tokenizer_only=True)[0]
-        return AutoTokenizer.from_pretrained(model_config.name, local_files_only=True)
+        return load_pretrained_tokenizer(model_config.name, what="model.name")
     return AutoTokenizer.from_pretrained(model_config.tokenizer, local_files_only=True)
 
 
-def build_chat(tokenizer: Any) -> ChatTokenizer:
-    """A ChatTokenizer with plain ChatML (no history rewriting, no injected system prompt)."""
-    return ChatTokenizer(tokenizer, chat_template=CHATML_TEMPLATE)
+def build_chat(tokenizer: Any, chat_template: str = "model") -> ChatTokenizer:
+    """The run's ChatTokenizer (ModelConfig.chat_template: the tokenizer's own template,
+    checked for prefix stability, 'chatml' or a Jinja file); `tokenizer` is set to render
+    with it, so the saved tokenizer carries it (trainers.models.build_chat_tokenizer)."""
+    return build_chat_tokenizer(tokenizer, chat_template)
 
 
 def build_model(model_config: ModelConfig, tokenizer: Any) -> PreTrainedModel:
@@ -84,19 +95,38 @@ def build_model(model_config: ModelConfig, tokenizer: Any) -> PreTrainedModel:
             tokenizer, arch=model_config.arch, hidden=model_config.hidden,
             layers=model_config.layers, heads=model_config.heads,
             intermediate=model_config.intermediate or 4 * model_config.hidden,
-            max_positions=model_config.max_positions, seed=model_config.init_seed)
+            max_positions=model_config.max_positions, seed=model_config.init_seed,
+            dtype=resolve_dtype(model_config.dtype))
     elif model_config.name == "smollm2":
-        model = load_smollm2()[1]
-    elif Path(model_config.name).is_dir():
-        model = AutoModelForCausalLM.from_pretrained(model_config.name, local_files_only=True)
+        model = load_smollm2(dtype=resolve_dtype(model_config.dtype))[1]
+    elif Path(model_config.name).is_dir() or (is_gguf(model_config.name)
+                                              and Path(model_config.name).is_file()):
+        model = load_causal_lm(model_config.name, dtype=resolve_dtype(model_config.dtype),
+                               what="model.name")
     else:
-        raise ValueError(f"model.name must be 'tiny', 'smollm2' or a local directory, got "
-                         f"{model_config.name!r}")
+        raise ValueError(f"model.name must be 'tiny', 'smollm2', a local directory (a saved "
+                         f"model) or a .gguf file, got {model_config.name!r}")
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
     if model_config.grow_layers_after:
         model = grow_layers(model, model_config.grow_layers_after)
+    if model_config.lora_rank:
+        model = apply_lora(model, LoraSettings(
+            rank=model_config.lora_rank, alpha=model_config.lora_alpha,
+            dropout=model_config.lora_dropout, targets=tuple(model_config.lora_targets)))
     return model.train()
+
+
+def save_model(model: PreTrainedModel, directory: str | Path) -> None:
+    """save_pretrained; a model with LoRA adapters is saved merged (base + delta) as a plain
+    checkpoint, which RL, evaluation and engines load like any other."""
+    if not has_lora(model):
+        model.save_pretrained(directory)
+        return
+    plain = AutoModelForCausalLM.from_config(model.config, dtype=model.dtype)
+    plain.load_state_dict(merged_state_dict(model))
+    plain.generation_config = model.generation_config
+    plain.save_pretrained(directory)
 
 
 def build_trajectories(config: SFTExperimentConfig, chat: ChatTokenizer) -> list[Trajectory]:
@@ -177,10 +207,13 @@ def train_sft(config: SFTExperimentConfig, samples: list[SFTSample] | None = Non
     output_dir = Path(config.train.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
+    # Built even when samples are given: it sets the tokenizer's template, which the saved
+    # tokenizer must carry (the RL trainer renders with the policy directory's template).
+    chat = build_chat(tokenizer, config.model.chat_template)
     if model is None:
         model = prepare_model(config, tokenizer)
     if samples is None:
-        samples = build_samples(config, build_chat(tokenizer))
+        samples = build_samples(config, chat)
     if config.train.num_workers > 1:
         from trainers.sft.distributed import train_data_parallel
 
@@ -196,6 +229,6 @@ def train_sft(config: SFTExperimentConfig, samples: list[SFTSample] | None = Non
                                     else resume)
         history = trainer.train()
         trainer.save_checkpoint()
-    model.save_pretrained(output_dir / "final")
+    save_model(model, output_dir / "final")
     tokenizer.save_pretrained(output_dir / "final")
     return model, tokenizer, history

@@ -78,7 +78,7 @@ def train_and_evaluate(config: SFTExperimentConfig, evaluate_untrained: bool = F
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
-    chat = build_chat(tokenizer)
+    chat = build_chat(tokenizer, config.model.chat_template)
     model = prepare_model(config, tokenizer)  # the warm-up first: a miss costs no data time
     data_started = time.perf_counter()
     samples = build_samples(config, chat)
@@ -106,7 +106,7 @@ def evaluate_checkpoint(config: SFTExperimentConfig, checkpoint: str) -> dict[st
     if config.train.threads_per_worker:
         torch.set_num_threads(config.train.threads_per_worker)
     tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
-    chat = build_chat(tokenizer)
+    chat = build_chat(tokenizer, config.model.chat_template)
     model = build_model(config.model, tokenizer)
     if (Path(checkpoint) / STATE_FILE).exists():  # a training checkpoint
         state = torch.load(Path(checkpoint) / STATE_FILE, map_location="cpu",
