@@ -362,3 +362,18 @@ def test_env_sections_are_the_environments_own_settings():
     settings = from_dict(EnvSettings, {"hops": [1], "tool_timeout_s": 5}, where="env")
     assert settings.kwargs()["hops"] == (1,) and settings.tool_timeout_s == 5.0
     assert from_dict(EnvSettings, {"tool_timeout_s": None}, where="env").tool_timeout_s is None
+
+
+def test_scientific_notation_without_a_dot_reads_as_a_number(tmp_path):
+    """PyYAML (YAML 1.1) reads `lr: 5e-5` as the string "5e-5"; configs read it as 5e-05,
+    and a word in a float field is still refused."""
+    from trainers.rl.config import load_rl_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  name: tiny\ntrain:\n  lr: 5e-5\n  output_dir: out\n")
+    assert load_config(path).train.lr == 5e-5
+    path.write_text("policy:\n  path: p\nlearner:\n  lr: 1E-6\n")
+    assert load_rl_config(path).learner.lr == 1e-6
+    path.write_text("model:\n  name: tiny\ntrain:\n  lr: fast\n")
+    with pytest.raises(ValueError, match="lr must be float, got 'fast'"):
+        load_config(path)

@@ -20,6 +20,7 @@ the keywords for `gym.make("DeepResearch-v0", ...)` / `DeepResearchGroupEnv`.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -44,6 +45,10 @@ def field_help(config_class: type) -> dict[str, str]:
     return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(config_class)}
 
 
+# A number in scientific notation without a dot ("5e-5", "1E6"), which YAML 1.1 leaves a string.
+_YAML11_FLOAT = re.compile(r"[-+]?\d+[eE][-+]?\d+")
+
+
 def _coerce(value: Any, hint: Any, where: str) -> Any:
     if dataclasses.is_dataclass(hint):
         return from_dict(hint, value, where)
@@ -61,6 +66,10 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         return tuple(_coerce(item, item_hint, f"{where}[{index}]")
                      for index, (item, item_hint) in enumerate(zip(value, item_hints, strict=True)))
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is float and isinstance(value, str) and _YAML11_FLOAT.fullmatch(value.strip()):
+        # PyYAML follows YAML 1.1, which reads `lr: 5e-5` (no dot) as the string "5e-5";
+        # YAML 1.2 and JSON read it as a number, and so do we.
         return float(value)
     if hint in (int, float, str, bool) and not isinstance(value, hint):
         raise ValueError(f"{where} must be {hint.__name__}, got {value!r}")
