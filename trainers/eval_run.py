@@ -48,10 +48,11 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainers.config_utils import help_field
 from trainers.trajectory import Trajectory
 
 RESULTS_FILE = "results.jsonl"
@@ -63,9 +64,10 @@ TOKEN_FIELDS = ("input_ids", "loss_mask", "rollout_logprobs", "turn_spans", "tur
 
 
 def _f(default: Any, help: str) -> Any:
+    """help_field with the default first (a list/dict default is copied per instance)."""
     if isinstance(default, list | dict):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return help_field(help, factory=lambda: type(default)(default))
+    return help_field(help, default)
 
 
 @dataclass
