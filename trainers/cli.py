@@ -20,6 +20,7 @@
     venus-gym serve-retrieval --world NAME_OR_PATH --port 8000
                                    # a world's pages behind POST /retrieve (Search-R1, SkyRL
                                    #   and GEM clients; docs/integrations.md)
+    venus-gym serve-env --port 8000  # DeepResearch-v0 over OpenEnv's protocol (.[openenv])
 
 The command lives in trainers, the one package allowed to import all three (venus_gym,
 envs, trainers). Each subcommand imports what it needs when it runs, so `oracle`, `world`
@@ -189,6 +190,28 @@ def cmd_serve_retrieval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_env(args: argparse.Namespace) -> int:
+    try:
+        from envs.integrations.openenv import bind, make_app, serve
+    except ImportError as e:
+        print(f"venus-gym serve-env needs openenv-core ({e}).\n"
+              f"Install it with: pip install -e .[openenv]", file=sys.stderr)
+        return 2
+    env_kwargs = {"world": args.world, "max_turns": args.max_turns}
+    if args.world == "synthetic":
+        env_kwargs.update(world_size=args.world_size, world_seed=args.world_seed)
+    app = make_app(env_kwargs, max_sessions=args.max_sessions)
+    sock = bind(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    # The first line names the server (scripts and tests read it, e.g. with --port 0).
+    print(f"serving http://{host}:{port}", flush=True)
+    try:
+        serve(app, sock)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def _needs_train_extras(command: str, error: ImportError) -> int:
     print(f"venus-gym {command} needs the training extras, which are not installed "
           f"({error}).\nInstall them with: pip install -e .[train]", file=sys.stderr)
@@ -338,6 +361,19 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--max-topk", type=int, default=100,
                     help="most documents per query; a larger topk is cut and the reply says so")
     sr.set_defaults(func=cmd_serve_retrieval)
+
+    se = sub.add_parser("serve-env", help="serve DeepResearch-v0 over OpenEnv's protocol "
+                                          "(WebSocket sessions, /reset /step /state; needs "
+                                          ".[openenv])")
+    se.add_argument("--world", default="synthetic",
+                    help="'synthetic', 'hotpotqa', a directory saved by World.save or a QA JSONL")
+    se.add_argument("--world-size", type=int, default=2000, help="pages of a synthetic world")
+    se.add_argument("--world-seed", type=int, default=0, help="seed of a synthetic world")
+    se.add_argument("--max-turns", type=int, default=200, help="the environment's turn budget")
+    se.add_argument("--max-sessions", type=int, default=8, help="concurrent sessions")
+    se.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    se.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
+    se.set_defaults(func=cmd_serve_env)
     return p
 
 
