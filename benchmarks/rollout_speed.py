@@ -16,7 +16,8 @@ Prints, in order:
     RESULT rollout_tokens_per_s=<float>   generated tokens / s, rollout_group end to end
     RESULT rollout_efficiency=<float>     rollout / engine (target: >= 0.8)
     RESULT rollout_kv_speedup=<float>     rollout time re-encoding every prompt
-                                          (HFEngine(kv_cache=False)) / with kept KV caches
+                                          (HFEngine(kv_cache=False, reserve_decode=False,
+                                          lean_decode=False)) / with kept KV caches
                                           (the default; target: >= 3)
 
 How the runs are made equal. A random tiny model never calls a tool, so the policy is
@@ -50,7 +51,7 @@ from trainers.engines.hf import DecodeRow, HFEngine
 from trainers.engines.scripted import ForcedHFEngine
 from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
 from trainers.rollout import RolloutStats, SamplingConfig, rollout_group
-from trainers.sampling import raw_logprob
+from trainers.sampling import forced_logprob
 from trainers.tokenization import ChatTokenizer
 from venus_gym.worlds.oracle import OracleAgent
 
@@ -63,9 +64,10 @@ class ReplayHFEngine(HFEngine):
         super().__init__(model, tokenizer, **options)
         self.targets = targets
 
-    def _choose(self, logits: torch.Tensor, row: DecodeRow, step: int) -> tuple[int, float]:
+    def _choose(self, logits: torch.Tensor, row: DecodeRow, step: int,
+                log_probs: torch.Tensor | None = None) -> tuple[int, float]:
         token = self.targets[tuple(row.request.prompt_ids)][step]
-        return token, raw_logprob(logits, token)
+        return token, forced_logprob(logits, token, row.request.temperature, log_probs)
 
 
 class RecordingEngine(Engine):
@@ -99,7 +101,7 @@ def _oracle_respond(group: DeepResearchGroupEnv):
 
 # The engines the kept-cache default is timed against (HFEngine options).
 REFERENCES: dict[str, dict[str, bool]] = {
-    "before": {"kv_cache": False, "reserve_decode": False},
+    "before": {"kv_cache": False, "reserve_decode": False, "lean_decode": False},
     "reserved_decode": {"kv_cache": False},
 }
 

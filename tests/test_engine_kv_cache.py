@@ -67,7 +67,8 @@ def _play(engine: HFEngine, tokenizer: Any, settings: dict[str, Any], turns: int
                          ids=["greedy", "sampled", "top-p-top-k"])
 def test_kept_caches_give_the_ids_and_logprobs_of_re_encoding(model, tokenizer, settings):
     cached = HFEngine(model, tokenizer)
-    plain = HFEngine(model, tokenizer, kv_cache=False)
+    # The engine before kept caches, reserved decode buffers and lean decode steps.
+    plain = HFEngine(model, tokenizer, kv_cache=False, reserve_decode=False, lean_decode=False)
     with_cache = _play(cached, tokenizer, settings)
     re_encoded = _play(plain, tokenizer, settings)
     worst = 0.0
@@ -254,3 +255,66 @@ def test_the_policy_cuts_its_cache_back_for_a_retried_turn(model, tokenizer):
         fresh = TransformersPolicy(model, chat, max_new_tokens=10).generate_turn(new)
         assert turn.token_ids == fresh.token_ids
         assert turn.logprobs == pytest.approx(fresh.logprobs, abs=TOLERANCE)
+
+
+@pytest.mark.parametrize("arch,shape", [("qwen3", {}), ("llama", {"kv_heads": 1}),
+                                        ("qwen2", {"kv_heads": 1})],
+                         ids=["qwen3", "llama-gqa", "qwen2-bias-gqa"])
+def test_lean_decode_gives_the_ids_and_logprobs_of_the_transformers_forward(tokenizer, arch,
+                                                                            shape):
+    """trainers.lean_decode runs the decode steps (the model's forward only prefills);
+    three rows of different lengths, stopping after different numbers of tokens (finished
+    rows are fed padding), over several turns of kept caches."""
+    from trainers.lean_decode import lean_decode_supported
+
+    lm = build_tiny_causal_lm(tokenizer, arch=arch, hidden=64, layers=2, seed=0,
+                              initializer_range=0.3, **shape)
+    assert lean_decode_supported(lm)
+    forwards = []
+    hook = lm.register_forward_hook(lambda module, args, output: forwards.append(1))
+    try:
+        lean = _play(HFEngine(lm, tokenizer), tokenizer, {"temperature": 0.0})
+        lean_forwards = len(forwards)
+        plain = _play(HFEngine(lm, tokenizer, lean_decode=False), tokenizer, {"temperature": 0.0})
+    finally:
+        hook.remove()
+    assert lean_forwards == 4  # one prefill per turn; every decode step ran lean
+    # Through the transformers forward: a prefill and 9 decode steps per turn (the longest
+    # row's 10 tokens; the last one is never fed).
+    assert len(forwards) - lean_forwards == 4 * 10
+    worst = 0.0
+    for turn_lean, turn_plain in zip(lean, plain):
+        for (ids, logprobs), (ids_plain, logprobs_plain) in zip(turn_lean, turn_plain):
+            assert ids == ids_plain
+            worst = max([worst] + [abs(a - b) for a, b in zip(logprobs, logprobs_plain)])
+    assert worst < TOLERANCE
+    assert len({tuple(ids) for turn in lean for ids, _ in turn}) > 3  # varied output
+
+
+def test_lean_decode_is_refused_for_sliding_window_layers(tokenizer):
+    from trainers.lean_decode import lean_decode_supported
+
+    lm = build_tiny_causal_lm(tokenizer, arch="qwen2", hidden=64, layers=2, seed=0,
+                              use_sliding_window=True, sliding_window=4,
+                              layer_types=["sliding_attention", "sliding_attention"])
+    assert not lean_decode_supported(lm)
+    assert lean_decode_supported(build_tiny_causal_lm(tokenizer, arch="qwen2", hidden=64,
+                                                      layers=2, seed=0))
+
+
+def test_batched_log_probs_equal_the_per_row_ones_bit_for_bit():
+    from trainers.sampling import batch_log_probs, sample_token
+
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(0)) * 5
+    temperatures = [0.0, 1.0, 0.8, 0.37]
+    batched = batch_log_probs(logits, temperatures)
+    for row, temperature in zip(range(4), temperatures):
+        per_row = torch.log_softmax(logits[row] / temperature if temperature > 0
+                                    else logits[row], dim=-1)
+        assert torch.equal(batched[row], per_row)
+        seed = 5 + row
+        assert sample_token(logits[row], temperature=temperature, top_p=0.9,
+                            generator=torch.Generator().manual_seed(seed),
+                            log_probs=batched[row]) == \
+            sample_token(logits[row], temperature=temperature, top_p=0.9,
+                         generator=torch.Generator().manual_seed(seed))

@@ -28,6 +28,8 @@ Conventions
   cover top_p (`mass_before >= top_p`), so the most likely token always stays. This is
   vLLM's rule (it drops tokens whose ascending cumulative mass is <= 1 - top_p), so the
   engines agree at the boundary.
+* A batched decoder may compute every row's log-softmax at once (`batch_log_probs`, equal
+  to the per-row one bit for bit) and pass the row's to `sample_token(log_probs=...)`.
 * Sampling draws with `torch.multinomial` on the CPU from `generator` (a CPU generator), so
   a seeded request is reproducible whatever device computed the logits.
 
@@ -49,7 +51,8 @@ import torch
 def sample_token(logits: torch.Tensor, *, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, banned_ids: Sequence[int] = (),
                  generator: torch.Generator | None = None, presence_penalty: float = 0.0,
-                 seen_ids: Sequence[int] = ()) -> tuple[int, float]:
+                 seen_ids: Sequence[int] = (), log_probs: torch.Tensor | None = None
+                 ) -> tuple[int, float]:
     """The next token from one position's logits and its log-prob under
     softmax(logits / temperature) (raw for temperature 0; module header).
 
@@ -62,8 +65,11 @@ def sample_token(logits: torch.Tensor, *, temperature: float = 0.0, top_p: float
         presence_penalty, seen_ids: subtract the penalty from the logits of the ids seen
             (module header); like top-k / top-p it changes the pick, not the reported
             log-prob.
+        log_probs: this row's log_softmax(logits / temperature) (raw for temperature 0) if
+            the caller computed it already (`batch_log_probs`); None = computed here.
     """
-    log_probs = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
+    if log_probs is None:
+        log_probs = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
     if presence_penalty and seen_ids:
         logits = logits.clone()
         logits[sorted(set(seen_ids))] -= presence_penalty
@@ -88,9 +94,32 @@ def sample_token(logits: torch.Tensor, *, temperature: float = 0.0, top_p: float
     return token, _logprob(log_probs, token)
 
 
-def raw_logprob(logits: torch.Tensor, token: int) -> float:
-    """The raw log-prob of `token` under one position's logits (for forced choices)."""
-    return _logprob(torch.log_softmax(logits, dim=-1), token)
+def batch_log_probs(logits: torch.Tensor, temperatures: Sequence[float]) -> torch.Tensor:
+    """Every row's sampling log-probs in one log-softmax: row i is what `sample_token`
+    computes for logits[i] at temperatures[i], bit for bit (the same division per row, and
+    log-softmax works row by row; tests/test_engines.py checks)."""
+    scaled = logits
+    for i, temperature in enumerate(temperatures):
+        # Greedy rows use the raw logits; x / 1.0 == x, so temperature 1 needs no division.
+        if temperature > 0 and temperature != 1.0:
+            if scaled is logits:
+                scaled = logits.clone()
+            scaled[i] = logits[i] / temperature
+    return torch.log_softmax(scaled, dim=-1)
+
+
+def raw_logprob(logits: torch.Tensor, token: int, log_probs: torch.Tensor | None = None) -> float:
+    """The raw log-prob of `token` under one position's logits (for forced choices);
+    `log_probs`: log_softmax(logits) if already computed."""
+    return _logprob(torch.log_softmax(logits, dim=-1) if log_probs is None else log_probs, token)
+
+
+def forced_logprob(logits: torch.Tensor, token: int, temperature: float,
+                   log_probs: torch.Tensor | None = None) -> float:
+    """The raw log-prob of a forced `token`, reusing the row's sampling log-probs
+    (`batch_log_probs`) where they are the raw ones (temperature 0 or 1)."""
+    raw = log_probs if temperature in (0.0, 1.0) else None
+    return raw_logprob(logits, token, raw)
 
 
 def _logprob(log_probs: torch.Tensor, token: int) -> float:

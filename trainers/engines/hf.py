@@ -28,7 +28,11 @@ group's episodes end) and beyond `max_cached_conversations` (least recently used
 Re-encoding (`kv_cache=False`) gives the same ids, and float32 log-probs within ~4e-6
 (trainers.kv_cache says why not bit for bit; tests/test_engine_kv_cache.py measures it).
 Decoding writes into buffers reserved after the prefill (`reserve_decode`) rather than
-growing transformers' DynamicCache, which copies the whole cache every step.
+growing transformers' DynamicCache, which copies the whole cache every step, and each decode
+step runs trainers.lean_decode (`lean_decode`, Qwen3 / Qwen2 / Llama): the model's own
+modules over those buffers and a kept additive mask, without the transformers forward
+around them, and one log-softmax gives every row's log-probs (trainers.sampling.
+batch_log_probs). Other architectures decode through the transformers forward.
 
 Where we deviate from verl / OpenRLHF: they use vLLM/SGLang for every rollout and HF only
 for log-prob recomputation. Here the transformers engine is the CPU default (tiny models in
@@ -52,8 +56,9 @@ from trainers.kv_cache import (
     reserved_cache,
     reusable_prefix,
 )
+from trainers.lean_decode import LeanDecoder, lean_decode_supported
 from trainers.models import kv_cache_argument, returned_kv_cache
-from trainers.sampling import sample_token
+from trainers.sampling import batch_log_probs, sample_token
 
 from .base import (
     Engine,
@@ -110,12 +115,19 @@ class HFEngine(Engine):
             for the whole decode and write each step in place; False grows transformers'
             DynamicCache by concatenation, which copies the whole cache every step (~70% of a
             decode step at 3,000 positions on a CPU). kv_cache=False, reserve_decode=False
-            is the engine before kept caches, bit for bit (benchmarks compare with it).
+            is the engine before kept caches, bit for bit (benchmarks compare with it, with
+            lean_decode=False).
+        lean_decode: run decode steps with trainers.lean_decode (the model's own modules over
+            the reserved cache and a kept additive mask, no transformers forward around
+            them) and choose every row's token from one batched log-softmax. Needs
+            reserve_decode and a supported architecture (Qwen3 / Qwen2 / Llama); otherwise
+            decode steps use the transformers forward. False = the transformers forward and
+            one log-softmax per row.
     """
 
     def __init__(self, model: Any, tokenizer: Any, max_batch_size: int | None = None,
                  kv_cache: bool = True, max_cached_conversations: int = 64,
-                 reserve_decode: bool = True):
+                 reserve_decode: bool = True, lean_decode: bool = True):
         if max_cached_conversations < 1:
             raise ValueError("max_cached_conversations must be >= 1 (use kv_cache=False to "
                              f"keep none), got {max_cached_conversations}")
@@ -128,6 +140,7 @@ class HFEngine(Engine):
         self._cache_argument = kv_cache_argument(model)
         self.kv_cache = kv_cache
         self.reserve_decode = reserve_decode
+        self.lean_decode = lean_decode
         self.max_cached_conversations = max_cached_conversations
         self.cache_stats = KVCacheStats()
         self._conversations: OrderedDict[int, CachedConversation] = OrderedDict()
@@ -193,8 +206,11 @@ class HFEngine(Engine):
         cache = self._batch_cache([source for source, _ in sources], keeps, past) if past else None
         logits, cache = self._forward(input_ids, attention, positions, cache)
         max_steps = max(r.max_new_tokens for r in requests)
+        decoder = None
         if self.reserve_decode:  # decoding writes in place instead of copying every step
             cache = reserved_cache(cache, max_steps)
+            if self.lean_decode and lean_decode_supported(self.model):
+                decoder = LeanDecoder(self.model, cache, attention, max_steps)
         for step in range(max_steps):
             was_live = [row.finish_reason is None for row in rows]
             next_ids = self._pick_next_tokens(logits, rows, step)
@@ -205,7 +221,10 @@ class HFEngine(Engine):
             live = torch.tensor(was_live, dtype=torch.long)[:, None]
             attention = torch.cat([attention, live], dim=1)
             positions = positions[:, -1:] + 1
-            logits, cache = self._forward(column, attention, positions, cache)
+            if decoder is not None:
+                logits = decoder.step(column, positions, live[:, 0].bool())
+            else:
+                logits, cache = self._forward(column, attention, positions, cache)
         if self.kv_cache:
             self._keep(rows, attention, cache)
         return [GenerationResult(row.token_ids, row.logprobs, row.finish_reason or "length",
@@ -277,26 +296,34 @@ class HFEngine(Engine):
         """Choose and record one token per live row; finished rows get the pad id.
 
         Subclasses may override `_choose` (e.g. forced decoding in benchmarks) and keep
-        the bookkeeping here.
+        the bookkeeping here. With lean_decode every row's sampling log-probs come from one
+        batched log-softmax (trainers.sampling.batch_log_probs, equal to the per-row one
+        bit for bit); otherwise `_choose` gets None and each row computes its own.
         """
+        log_probs = None
+        if self.lean_decode:
+            log_probs = batch_log_probs(logits, [row.request.temperature for row in rows])
         next_ids: list[int] = []
         for i, row in enumerate(rows):
             if row.finish_reason is not None:
                 next_ids.append(self.pad_token_id)
                 continue
-            token, logprob = self._choose(logits[i], row, step)
+            token, logprob = self._choose(logits[i], row, step,
+                                          None if log_probs is None else log_probs[i])
             row.token_ids.append(token)
             row.logprobs.append(logprob)
             self._update_finish(row)
             next_ids.append(token)
         return next_ids
 
-    def _choose(self, logits: torch.Tensor, row: DecodeRow, step: int) -> tuple[int, float]:
-        """One row's token and its log-prob, by trainers.sampling's one rule."""
+    def _choose(self, logits: torch.Tensor, row: DecodeRow, step: int,
+                log_probs: torch.Tensor | None = None) -> tuple[int, float]:
+        """One row's token and its log-prob, by trainers.sampling's one rule (`log_probs`:
+        the row's sampling log-probs if already computed)."""
         request = row.request
         return sample_token(logits, temperature=request.temperature, top_p=request.top_p,
                             top_k=request.top_k, banned_ids=request.banned_token_ids,
-                            generator=row.generator)
+                            generator=row.generator, log_probs=log_probs)
 
     def _update_finish(self, row: DecodeRow) -> None:
         request = row.request

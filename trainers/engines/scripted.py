@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from trainers.sampling import raw_logprob
+from trainers.sampling import forced_logprob
 
 from .base import Engine, GenerationRequest, GenerationResult
 from .hf import DecodeRow, HFEngine
@@ -78,11 +78,12 @@ class ForcedHFEngine(HFEngine):
         self._targets = {}
         return super()._generate_batch(requests)
 
-    def _choose(self, logits: torch.Tensor, row: DecodeRow, step: int) -> tuple[int, float]:
+    def _choose(self, logits: torch.Tensor, row: DecodeRow, step: int,
+                log_probs: torch.Tensor | None = None) -> tuple[int, float]:
         target = self._targets.get(id(row))
         if target is None:
             target = _script_ids(self.tokenizer, self.respond, row.request.prompt_ids,
                                  self.end_of_turn_id)
             self._targets[id(row)] = target
         token = target[step] if step < len(target) else self.end_of_turn_id
-        return token, raw_logprob(logits, token)
+        return token, forced_logprob(logits, token, row.request.temperature, log_probs)
