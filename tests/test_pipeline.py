@@ -10,6 +10,7 @@ from importlib.resources import files
 from pathlib import Path
 
 import pytest
+import yaml
 
 from trainers.pipeline import DEFAULT_RL_CONFIG, DEFAULT_SFT_CONFIG, run_pipeline
 from trainers.rl.config import load_rl_config
@@ -19,9 +20,24 @@ from trainers.trajectory import read_trajectories
 CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
 
 
-@pytest.mark.parametrize("path", [DEFAULT_RL_CONFIG, CONFIGS / "compare_rl.yaml",
-                                  CONFIGS / "cluster_igpo_vllm.yaml"],
-                         ids=["demo_igpo", "compare_rl", "cluster_igpo_vllm"])
+def rl_config_paths() -> list[Path]:
+    """The demo's RL config and every RL config under examples/configs (the files with a
+    `rollout` section)."""
+    examples = sorted(path for path in CONFIGS.glob("*.yaml")
+                      if "rollout" in (yaml.safe_load(path.read_text()) or {}))
+    return [Path(DEFAULT_RL_CONFIG), *examples]
+
+
+RL_CONFIGS = rl_config_paths()
+
+
+def test_the_example_rl_configs_are_all_found():
+    names = {path.name for path in RL_CONFIGS}
+    assert {"compare_rl.yaml", "cluster_igpo_vllm.yaml", "smollm2_igpo.yaml",
+            "qwen3_igpo_gpu.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", RL_CONFIGS, ids=lambda path: path.stem)
 def test_shipped_rl_configs_load_and_validate(path):
     config = load_rl_config(path)
     config.policy.path = "somewhere"
