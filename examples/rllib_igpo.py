@@ -47,7 +47,10 @@ def episode_metrics(result: dict[str, Any]) -> dict[str, float]:
     names = {"episode_return_mean": "mean_return", "episode_len_mean": "episode_length",
              "format_valid_rate": "format_valid_rate", "answered": "answer_rate",
              "answer_score": "answer_score", "num_episodes": "episodes"}
-    return {short: float(runners[key]) for key, short in names.items() if key in runners}
+    out = {short: float(runners[key]) for key, short in names.items() if key in runners}
+    learner = result.get("learners", {}).get("default_policy", {})
+    out.update({k: float(learner[k]) for k in ("policy_loss", "vf_loss") if k in learner})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,8 +76,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from trainers.integrations.rllib import ppo_config
 
+    # The env's context budget (forced final answer) sits below the rollout's hard cap, so
+    # the forced final turn fits (docs/rl.md).
     env_kwargs = {"world_size": args.world_size, "world_seed": 1, "max_turns": args.max_turns,
-                  "tool_timeout_s": 10.0}
+                  "max_context_tokens": 1500, "tool_timeout_s": 10.0}
     with tempfile.TemporaryDirectory(prefix="rllib-policy-") as scratch:
         policy = Path(args.policy) if args.policy else build_policy(
             Path(scratch), env_kwargs, vocab_size=args.vocab, hidden=args.hidden,

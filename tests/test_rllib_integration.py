@@ -145,7 +145,7 @@ def test_one_rllib_iteration_updates_the_policy_and_syncs_the_env_runner(policy_
     try:
         before = {k: v.copy() for k, v in algo.env_runner.module.get_state().items()}
         result = algo.train()
-        learner = algo.learner_group._learner.module["default_policy"].get_state()
+        learner = algo.learner_group.get_weights()["default_policy"]
         after = algo.env_runner.module.get_state()
     finally:
         algo.stop()
@@ -174,6 +174,9 @@ def test_token_turn_config_names_unknown_keys():
         TokenTurnConfig.from_env_config({"policy_path": "x", "max_turns": 3})
     with pytest.raises(ValueError, match="policy_path is required"):
         TokenTurnConfig.from_env_config({})
+    with pytest.raises(ValueError, match="forced final turn fits"):
+        TokenTurnConfig.from_env_config({"policy_path": "x", "max_context_tokens": 1000,
+                                         "env": {"max_context_tokens": 1000}})
 
 
 def test_turn_distribution_sums_token_logprobs_and_entropies():

@@ -336,4 +336,5 @@ def ppo_config(policy_path: str, *, env: dict[str, Any] | None = None,
                       minibatch_size=minibatch_turns, num_epochs=num_epochs, lr=lr,
                       use_kl_loss=False, kl_coeff=0.0, gamma=1.0, lambda_=1.0,
                       entropy_coeff=0.0, vf_loss_coeff=0.1)
-            .callbacks(TurnMetricsCallback))
+            .callbacks(TurnMetricsCallback)
+            .debugging(seed=seed))

@@ -84,6 +84,11 @@ class TokenTurnConfig:
         for name in ("max_observation_tokens", "max_turn_tokens", "max_context_tokens"):
             if getattr(config, name) < 1:
                 raise ValueError(f"env_config.{name} must be >= 1, got {getattr(config, name)}")
+        budget = config.env.get("max_context_tokens")
+        if budget is not None and budget >= config.max_context_tokens:
+            raise ValueError(f"env_config.env.max_context_tokens ({budget}) must be below "
+                             f"env_config.max_context_tokens ({config.max_context_tokens}) so "
+                             "the forced final turn fits (docs/rl.md)")
         config.stop_strings = tuple(config.stop_strings)
         return config
 
