@@ -94,12 +94,19 @@ def test_config_refuses_bad_settings_by_name(tmp_path, policy_dir):
     config.algorithm.name = "ppo-typo"
     with pytest.raises(KeyError, match="ppo-typo"):
         config.validate()
+    config = small_config(policy_dir, tmp_path)
+    config.run.sample_trajectories = -1
+    with pytest.raises(ValueError, match="sample_trajectories"):
+        config.validate()
 
 
 def test_in_process_run_restarted_from_its_checkpoint_matches_the_uninterrupted_run(
         tmp_path, policy_dir):
-    full = train(small_config(policy_dir, tmp_path / "full", steps=3), keep_trajectories=True)
+    full_config = small_config(policy_dir, tmp_path / "full", steps=3)
+    full_config.run.sample_trajectories = 0  # no samples written; the restarted run writes them
+    full = train(full_config, keep_trajectories=True)
     assert len(full.history) == 3
+    assert not (tmp_path / "full" / "samples").exists()
     initial = build_tiny_causal_lm(
         build_chatml_tokenizer(world_texts(WORLD), vocab_size=2048), hidden=64, layers=2,
         heads=2, seed=0).state_dict()

@@ -188,7 +188,7 @@ class RunConfig:
     progress_bar: bool = help_field("tqdm progress bar (else one line per step).", True)
     tensorboard: str = help_field("'auto' (when installed), 'on' or 'off'.", "auto")
     wandb_project: str = help_field("W&B project ('' = no W&B).", "")
-    sample_trajectories: int = help_field("Trajectories saved per step under samples/.", 2)
+    sample_trajectories: int = help_field("Trajectories saved per step under samples/ (0 = none).", 2)
 
 
 @dataclass
@@ -260,6 +260,7 @@ class RLConfig:
             (self.learner.lora_rank == 0 or self.learner.strategy == "ddp",
              "learner.lora_rank > 0 needs learner.strategy ddp"),
             (self.run.steps >= 1, "run.steps must be >= 1"),
+            (self.run.sample_trajectories >= 0, "run.sample_trajectories must be >= 0 (0 = none)"),
             (self.eval.split in ("test", "validation"), "eval.split must be test or validation"),
             (self.eval.split != "validation" or self.env.validation_fraction > 0,
              "eval.split 'validation' needs env.validation_fraction > 0"),

@@ -239,7 +239,8 @@ def train(config: RLConfig, *, stop_after: int | None = None,
                     held_out = evaluator.evaluate(chat)
                     metrics.update({f"eval/{k}": v for k, v in held_out.items()})
                 logger.log(step, metrics)
-                logger.save_samples(step, trajectories, k=config.run.sample_trajectories)
+                if config.run.sample_trajectories:
+                    logger.save_samples(step, trajectories, k=config.run.sample_trajectories)
                 result.history.append({"step": step, **metrics})
                 if keep_trajectories:
                     result.trajectories.append(trajectories)
