@@ -20,8 +20,10 @@ CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
 
 
 @pytest.mark.parametrize("path", [DEFAULT_RL_CONFIG, CONFIGS / "compare_rl.yaml",
-                                  CONFIGS / "cluster_igpo_vllm.yaml"],
-                         ids=["demo_igpo", "compare_rl", "cluster_igpo_vllm"])
+                                  CONFIGS / "cluster_igpo_vllm.yaml",
+                                  CONFIGS / "gpu_igpo_qwen3_0p5b.yaml"],
+                         ids=["demo_igpo", "compare_rl", "cluster_igpo_vllm",
+                              "gpu_igpo_qwen3_0p5b"])
 def test_shipped_rl_configs_load_and_validate(path):
     config = load_rl_config(path)
     config.policy.path = "somewhere"

@@ -132,13 +132,15 @@ class RolloutWorker:
         vllm_options: keyword arguments of trainers.engines.vllm_engine.VLLMEngine.
         openai_options: engine "openai": base_url, model and api_key_env (the variable
             holding the key) of trainers.engines.openai_http.OpenAIHTTPEngine.
+        use_gpu: engine "hf" generates on CUDA when this process sees a GPU (a Ray actor
+            sees one only when it reserved one: rollout.gpus_per_worker).
     """
 
     def __init__(self, policy_path: str, env_kwargs: dict[str, Any], group_size: int,
                  sampling: SamplingConfig, max_context_tokens: int, engine: str = "hf",
                  threads: int = 0, search_url: str | None = None,
                  vllm_options: dict[str, Any] | None = None,
-                 openai_options: dict[str, Any] | None = None):
+                 openai_options: dict[str, Any] | None = None, use_gpu: bool = False):
         from envs.group import DeepResearchGroupEnv
 
         if threads:
@@ -152,6 +154,8 @@ class RolloutWorker:
             from trainers.engines.hf import HFEngine
 
             model, tokenizer, self.chat = load_policy(policy_path)
+            if use_gpu and torch.cuda.is_available():
+                model = model.to(f"cuda:{torch.cuda.current_device()}")
             self.engine = HFEngine(model, tokenizer)
         else:
             _, _, self.chat = load_policy(policy_path)
