@@ -258,7 +258,12 @@ def main() -> None:
             runs.algorithm.options = {**runs.algorithm.options,
                                       "loss": {**runs.algorithm.options.get("loss", {}),
                                                "tis_cap": 2.0}}
-        if gpus:
+        on_ray = bool(gpus) and runs.run.use_ray and importlib.util.find_spec("ray") is not None
+        if not on_ray:  # in-process: the async rollouts do not overlap the update
+            runs.run.use_ray, runs.rollout.num_workers, runs.learner.num_learners = False, 0, 1
+            runs.env.shared_search = False
+        print(f"async comparison {'on Ray' if on_ray else 'in-process'}", flush=True)
+        if on_ray:
             import ray
 
             from trainers.distributed import init_ray
@@ -271,7 +276,7 @@ def main() -> None:
                 rates[mode] = steps_per_hour(runs, work / ("async" if mode else "sync"))
                 print(f"{'async' if mode else 'sync'}: {rates[mode]:.1f} steps/hour", flush=True)
         finally:
-            if gpus:
+            if on_ray:
                 ray.shutdown()
         print(f"RESULT async_speedup={rates[True] / rates[False]:.3f}")
 
