@@ -1,9 +1,21 @@
 #!/bin/bash
-# The GPU checks of the SFT stage and the information-gain reward, in one short run (~7 min
-# of commands plus the machine's start: measured 24 s for the tests, 277 s for three
-# packing runs and 68 s for the IG run; docs/benchmarks.md, "GPU checks"):
+# The GPU checks, in one short run (under 8 minutes of commands on one H100):
 #
-#     bash benchmarks/gpu_checks.sh [OUTPUT_DIR]
+#     bash benchmarks/gpu_checks.sh [OUTPUT_DIR]      (default: $OUT, else runs/gpu_checks)
+#
+# Default (STEPS unset): the RL trainer at GPU scale.
+# rl_step: benchmarks/rl_step.py --device cuda with examples/configs/gpu_igpo_qwen3_0p5b.yaml:
+#    a Qwen3-shaped 0.46B policy built from a config (nothing downloaded), vLLM colocated
+#    when installed (else the transformers engine); the phases of one IGPO step (ig_share,
+#    rollout and learner tokens/s per GPU, the async IG gap), then the config trained 3 steps
+#    synchronous and 3 steps with run.async_rollouts on Ray (async_speedup). Its log and the
+#    runs' metrics.jsonl go to OUTPUT_DIR.
+# rl_step_cpu: the same script at tiny size on the CPU (the part that runs anywhere).
+#
+# The checks of the SFT stage and the information-gain reward (run before: ~7 min; measured
+# 24 s for the tests, 277 s for three packing runs and 68 s for the IG run;
+# docs/benchmarks.md, "GPU checks") are named steps, e.g.
+# STEPS="sft_tests sft_speed sft_speed_mask sft_speed_fp32 ig_speed_1b":
 #
 # 0. sft_gpu (runs first; not in the default STEPS): the SFT recipe on one GPU,
 #    examples/sft_tiny.py with examples/configs/sft_gpu.yaml. The run's final model,
@@ -30,12 +42,13 @@
 #     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 #     export PYTHONPATH=/tmp/site:$PWD
 set -u
-out=${1:-runs/gpu_checks}
+out=${1:-${OUT:-runs/gpu_checks}}
 mkdir -p "$out"
+if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; fi
 python=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
 failed=0
-steps=" ${STEPS:-sft_tests sft_speed sft_speed_mask sft_speed_fp32 ig_speed_1b} "
+steps=" ${STEPS:-rl_step} "
 
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 limit=$2
@@ -78,4 +91,19 @@ step sft_speed 150 "${speed[@]}" --precision bf16
 step sft_speed_mask 150 "${speed[@]}" --precision bf16 --packed-attention mask
 step sft_speed_fp32 150 "${speed[@]}" --precision fp32
 step ig_speed_1b 150 "$python" benchmarks/ig_speed.py --preset 1b --device cuda --tokens 32768
+# The RL step at GPU scale; the policy, the two trainer runs and their metrics under
+# runs/rl_step (metrics and the policy's config copied to OUTPUT_DIR).
+step rl_step "${RL_STEP_LIMIT:-420}" "$python" benchmarks/rl_step.py --device cuda \
+    --config examples/configs/gpu_igpo_qwen3_0p5b.yaml --steps 2 --async-steps 3 \
+    --work runs/rl_step
+if [[ $steps == *" rl_step "* ]]; then
+    for run in sync async; do
+        [ -f "runs/rl_step/$run/metrics.jsonl" ] && cp "runs/rl_step/$run/metrics.jsonl" \
+            "$out/rl_step_${run}_metrics.jsonl"
+    done
+    [ -f runs/rl_step/policy-qwen3_0p5b/config.json ] && \
+        cp runs/rl_step/policy-qwen3_0p5b/config.json "$out/rl_step_policy_config.json"
+fi
+step rl_step_cpu 300 "$python" benchmarks/rl_step.py --device cpu --steps 2 --async-steps 0 \
+    --work runs/rl_step_cpu
 exit $failed

@@ -34,7 +34,7 @@ RL_CONFIGS = rl_config_paths()
 def test_the_example_rl_configs_are_all_found():
     names = {path.name for path in RL_CONFIGS}
     assert {"compare_rl.yaml", "cluster_igpo_vllm.yaml", "smollm2_igpo.yaml",
-            "qwen3_igpo_gpu.yaml"} <= names
+            "qwen3_igpo_gpu.yaml", "gpu_igpo_qwen3_0p5b.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", RL_CONFIGS, ids=lambda path: path.stem)

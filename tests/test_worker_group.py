@@ -115,3 +115,96 @@ def test_in_process_errors_are_not_taken_for_dead_workers():
     with pytest.raises(Died):
         group.map("square", [1])
     assert group.restarts == 0
+
+
+# --- straggler cutoff: map(need=..., cancel=...) ------------------------------------------
+class Threads(InProcess):
+    """Each call runs on its own thread, so a slow worker does not hold the others (as on
+    Ray) and its `cancel` can reach it while it runs."""
+
+    def __init__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(16)
+
+    def submit(self, worker, verb, *args):
+        return self.pool.submit(getattr(worker, verb), *args)
+
+    def wait_any(self, futures):
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        done, _ = wait(futures, return_when=FIRST_COMPLETED)
+        return next(iter(done))
+
+    def get(self, futures):
+        return [future.result() for future in futures]
+
+
+class GroupWorker:
+    """Rolls out a 'group' of 3 members; the groups in `slow` never finish on their own: they
+    wait (between turns) until cancelled, then give up (a straggler)."""
+
+    def __init__(self, slow: set[int], started: list[int]):
+        import threading
+
+        self.slow, self.started = slow, started
+        self.cancelled: dict[int, threading.Event] = {}
+        self.lock = threading.Lock()
+
+    def rollout(self, group: int):
+        import threading
+
+        with self.lock:
+            event = self.cancelled.setdefault(group, threading.Event())
+        self.started.append(group)
+        if group in self.slow:
+            if not event.wait(timeout=60):  # a safety net only: the test cancels it
+                raise AssertionError(f"group {group} was never cancelled")
+            return ("cancelled", group)
+        return [f"g{group}/{member}" for member in range(3)]
+
+    def cancel(self, group: int) -> None:
+        import threading
+
+        with self.lock:
+            self.cancelled.setdefault(group, threading.Event()).set()
+
+
+def test_cutoff_keeps_whole_finished_groups_and_cuts_the_stragglers():
+    started: list[int] = []
+    group = WorkerGroup(Threads(), [WorkerSpec(GroupWorker, ({1, 4}, started))] * 3,
+                        role="rollout worker")
+    done: list[object] = []
+    results = group.map("rollout", list(range(6)), lambda result, _: done.append(result),
+                        need=4, cancel="cancel")
+    kept = {i: r for i, r in enumerate(results) if r is not None}
+    assert sorted(kept) == [0, 2, 3, 5]  # the four fast groups, whatever their order
+    assert all(r == [f"g{i}/{m}" for m in range(3)] for i, r in kept.items())  # whole
+    assert results[1] is None and results[4] is None  # a cut group never reaches the batch
+    assert sorted(done, key=str) == sorted(kept.values(), key=str)  # hooks: kept ones only
+    assert group.cut == 2 and len(kept) + group.cut == 6
+    assert sorted(started) == list(range(6))  # every group ran once, none twice
+    # The cut workers are free again: a full map reaches every worker and runs every group.
+    started.clear()
+    again = group.map("rollout", [10, 11, 12, 13])
+    assert [r[0] for r in again] == ["g10/0", "g11/0", "g12/0", "g13/0"]
+    assert sorted(started) == [10, 11, 12, 13] and group.cut == 2
+
+
+def test_cutoff_in_process_starts_only_the_groups_it_needs():
+    started: list[int] = []
+    group = WorkerGroup(InProcess(), [WorkerSpec(GroupWorker, (set(), started))],
+                        role="rollout worker")
+    results = group.map("rollout", list(range(5)), need=3, cancel="cancel")
+    assert [r is not None for r in results] == [True, True, True, False, False]
+    assert started == [0, 1, 2] and group.cut == 2
+
+
+def test_remembered_arguments_are_computed_when_a_replacement_starts():
+    group = group_of(2, [1], max_restarts=1)
+    calls: list[int] = []
+    group.remember("set_weights", lambda: (calls.append(1) or "lazy weights",))
+    assert calls == []  # nothing sent to the live workers
+    results = group.map("square", [1, 2])
+    assert [r[0] for r in results] == [1, 4]
+    assert calls == [1] and results[0][2] == "lazy weights"  # the replacement got them

@@ -33,6 +33,10 @@ tool result. The ids are kept up to the token that completes the stop string (ma
 sampled); the message text is their decoding, and the env gets the text before the stop
 string (trainers.engines.base documents the mid-token case).
 
+Cancellation: `should_stop` (a callable) is asked before every turn; when it answers True
+the group is abandoned with RolloutCancelled (a straggler cut by rollout.completion_cutoff:
+trainers.rl.workers.RolloutWorker.cancel). A group is never returned in part.
+
 Stuck or crashing tools: tools run inside the env's toolbox, which never raises and gives
 up after `tool_timeout_s` (set it on the env; the rollout warns when a group runs without
 one). The turn then gets the toolbox's error text as its reply and the rollout goes on.
@@ -60,6 +64,10 @@ from trainers.tokenization import ChatTokenizer, ConversationBuilder
 from trainers.trajectory import Trajectory, Turn
 
 DEFAULT_STOP_STRINGS: tuple[str, ...] = ("<tool_response>",)
+
+
+class RolloutCancelled(Exception):
+    """The group was abandoned between turns because `should_stop` said so."""
 
 
 @dataclass
@@ -118,7 +126,8 @@ def rollout_group(engine: Engine, group_env: Any, chat: ChatTokenizer, *,
                   seed: int | None = None, options: dict[str, Any] | None = None,
                   sampling: SamplingConfig | None = None, max_context_tokens: int = 32_768,
                   trajectory_id_prefix: str | None = None,
-                  stats: RolloutStats | None = None) -> list[Trajectory]:
+                  stats: RolloutStats | None = None,
+                  should_stop: Callable[[], bool] | None = None) -> list[Trajectory]:
     """Play one query with every member of `group_env` (an envs.group.DeepResearchGroupEnv).
 
     Args:
@@ -129,6 +138,7 @@ def rollout_group(engine: Engine, group_env: Any, chat: ChatTokenizer, *,
         max_context_tokens: hard cap on a member's ids (prompt + all turns), real tokens.
         trajectory_id_prefix: ids are "<prefix>/<member>"; default the task id.
         stats: filled with engine / environment time and generated tokens, if given.
+        should_stop: asked before each turn; True abandons the group (RolloutCancelled).
 
     Returns:
         G trajectories (member order) with messages, turns, outcome and the token view
@@ -149,6 +159,9 @@ def rollout_group(engine: Engine, group_env: Any, chat: ChatTokenizer, *,
     banned = banned_control_ids(chat)
 
     for turn_index in itertools.count():  # ends when every member is done
+        if should_stop is not None and should_stop():
+            engine.forget_conversations()
+            raise RolloutCancelled(f"group of task {task.id} cancelled before turn {turn_index}")
         live = [i for i, member in enumerate(members) if not member.done]
         requests, asking = [], []
         for i in live:

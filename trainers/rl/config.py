@@ -100,6 +100,12 @@ class RolloutConfig:
     vllm_options: dict[str, Any] = help_field("Arguments for vllm.LLM when engine is 'vllm' "
                                               "(e.g. dtype: bfloat16, gpu_memory_utilization: "
                                               "0.5, max_model_len: 32768).", factory=dict)
+    completion_cutoff: float = help_field(
+        "Straggler cutoff in (0, 1]: the step goes on once this fraction of the step's groups "
+        "(rounded up) has finished; the other groups are cancelled between turns and never "
+        "trained on (metrics rollout/groups_cut, rollout/groups_kept). Groups stay whole. "
+        "1.0 waits for every group. Below 1 the kept groups depend on timing, so a resumed "
+        "run is no longer bit for bit the uninterrupted one.", 1.0)
     cpus_per_worker: float = help_field("Ray CPUs reserved per rollout worker.", 1.0)
     gpus_per_worker: float = help_field("Ray GPUs per rollout worker (vLLM on a GPU: 1).", 0.0)
 
@@ -171,6 +177,27 @@ class LearnerConfig:
 
 
 @dataclass
+class SyncConfig:
+    """How the learner's weights reach the rollout engines after every update."""
+
+    method: str = help_field(
+        "'object_store' (learner rank 0's CPU state dict through Ray's object store, or a "
+        "plain call in-process) or 'broadcast' (rank 0 broadcasts the weights in buckets over "
+        "a torch.distributed group of its own to every rollout worker: trainers/rl/"
+        "weight_sync.py; needs run.use_ray).", "object_store")
+    bucket_mb: float = help_field("broadcast: bucket size in MiB (one collective per bucket "
+                                  "of same-dtype tensors).", 256.0)
+    backend: str = help_field("broadcast: 'auto' (nccl when the learners train on GPUs, "
+                              "else gloo), 'gloo' or 'nccl'. NCCL needs every engine on a "
+                              "GPU other than learner rank 0's: use gloo for an engine "
+                              "colocated on the learner's GPU.", "auto")
+
+    @property
+    def bucket_bytes(self) -> int:
+        return max(1, int(self.bucket_mb * (1 << 20)))
+
+
+@dataclass
 class RunConfig:
     """Length, seeds, checkpoints and logging of the run."""
 
@@ -181,6 +208,13 @@ class RunConfig:
     save_every: int = help_field("Checkpoint every N steps (0 = only at the end).", 10)
     resume: str = help_field("'' (fresh), 'latest' (newest checkpoint in output_dir) or a "
                              "checkpoint directory.", "")
+    async_rollouts: bool = help_field(
+        "One-step-off-policy rollouts: the groups of step t+1 are rolled out (with the "
+        "weights of step t) while step t trains. Needs algorithm.options.loss.tis_cap (the "
+        "importance correction towards the generating policy); information gain is scored "
+        "with the newer learner weights (docs/rl.md, 'Asynchronous rollouts'). Overlaps only "
+        "on Ray; in-process the rollouts run before the update, with the same result.",
+        False)
     use_ray: bool = help_field("Run rollout workers and learners as Ray actors; False runs the "
                                "same loop in-process (debugging).", False)
     ray_address: str = help_field("ray.init address ('' = start a local Ray; 'auto' = join the "
@@ -215,6 +249,7 @@ class RLConfig:
     algorithm: AlgorithmSettings = help_field("Algorithm.", factory=AlgorithmSettings)
     learner: LearnerConfig = help_field("Learners.", factory=LearnerConfig)
     run: RunConfig = help_field("Run.", factory=RunConfig)
+    sync: SyncConfig = help_field("Weight sync to the engines.", factory=SyncConfig)
     eval: EvalSettings = help_field("Evaluation.", factory=EvalSettings)
 
     def validate(self) -> None:
@@ -243,6 +278,9 @@ class RLConfig:
             (self.rollout.temperature > 0, "rollout.temperature must be > 0 (log-probs and "
              "probe scores use logits / temperature; greedy rollouts have no gradient)"),
             (self.rollout.num_workers >= 0, "rollout.num_workers must be >= 0"),
+            (0 < self.rollout.completion_cutoff <= 1,
+             f"rollout.completion_cutoff must be in (0, 1] (the fraction of groups to wait "
+             f"for), got {self.rollout.completion_cutoff}"),
             (self.learner.num_learners >= 1, "learner.num_learners must be >= 1"),
             (self.learner.micro_batch_size >= 1, "learner.micro_batch_size must be >= 1"),
             (self.learner.mini_batches >= 1, "learner.mini_batches must be >= 1"),
@@ -266,6 +304,20 @@ class RLConfig:
              "eval.split 'validation' needs env.validation_fraction > 0"),
             (self.run.tensorboard in ("auto", "on", "off"), "run.tensorboard: auto, on or off"),
             (self.run.use_ray or not ray_only, f"{' and '.join(ray_only)} need run.use_ray: true"),
+            (self.sync.method in ("object_store", "broadcast"),
+             f"sync.method must be object_store or broadcast, got {self.sync.method!r}"),
+            (self.sync.backend in ("auto", "gloo", "nccl"),
+             f"sync.backend must be auto, gloo or nccl, got {self.sync.backend!r}"),
+            (self.sync.bucket_mb > 0, f"sync.bucket_mb must be > 0, got {self.sync.bucket_mb}"),
+            (self.sync.method != "broadcast" or self.run.use_ray,
+             "sync.method broadcast needs run.use_ray: true (learner rank 0 and the engines "
+             "run one collective at the same time, in different processes)"),
+            (self.sync.method != "broadcast" or self.rollout.sync_weights,
+             "sync.method broadcast has nothing to send with rollout.sync_weights: false"),
+            (not self.run.async_rollouts or self._tis_cap() is not None,
+             "run.async_rollouts trains on groups generated by the previous weights: set "
+             "algorithm.options.loss.tis_cap (e.g. 2.0) so the loss corrects towards the "
+             "generating policy's log-probs"),
             (self.rollout.max_context_tokens > self.env.max_context_tokens,
              "rollout.max_context_tokens must exceed env.max_context_tokens so the forced "
              "final turn fits"),
@@ -274,6 +326,10 @@ class RLConfig:
             if not ok:
                 raise ValueError(message)
         self.algorithm.build()  # unknown algorithm / option names fail here, before any work
+
+    def _tis_cap(self) -> float | None:
+        loss = getattr(self.algorithm.build().config, "loss", None)
+        return getattr(loss, "tis_cap", None)
 
 
 def load_rl_config(path: str | Path) -> RLConfig:

@@ -32,18 +32,27 @@ stops the run at once with a message naming it and the last complete checkpoint;
 is saved (learner_died_message). Checkpoints are atomic, so a driver killed at any point
 resumes (run.resume: latest) from the newest complete one exactly.
 
+Scale (docs/rl.md, "GPU scale"): rollout.completion_cutoff cuts straggling groups (whole
+groups, cancelled between turns, never trained on); sync.method: broadcast sends the weights
+in buckets over a process group of their own (trainers.rl.weight_sync); run.async_rollouts
+rolls out step t+1 while step t trains. All three are off by default.
+
 Where we deviate from DR-Venus / verl and why
-* Synchronous (on-policy) steps: rollouts use the weights of the previous update. Async
-  off-policy rollouts are faster on big clusters but make the IG rewards of a turn depend on
-  a policy that no longer exists; we keep the paper's on-policy setting.
+* Synchronous (on-policy) steps by default: rollouts use the weights of the previous update.
+  run.async_rollouts is one step off-policy: the loss corrects towards the generating
+  policy with truncated importance sampling (tis_cap, required), but a turn's IG is scored
+  by the newer learner weights, not by the policy that chose the turn (the gap is measured
+  by benchmarks/rl_step.py, ig_gap).
 * The learning rate is constant after warm-up (DR-Venus gives no schedule for RL).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +65,7 @@ from trainers.rl.config import LearnerConfig, RLConfig, rl_config_to_dict
 from trainers.rl.held_out import EvalPolicy
 from trainers.rl.metrics import dumps_json, rollout_drift
 from trainers.rl.run_workers import Workers, start_workers
+from trainers.rl.weight_sync import BroadcastSync
 from trainers.rl.worker_group import WorkerDied, WorkerGroup
 from trainers.rl.workers import (
     LossTotals,
@@ -137,15 +147,50 @@ def update(learners: WorkerGroup, batch: RolloutBatch, config: LearnerConfig
     return {key: value / count for key, value in totals.items()}
 
 
-def sync_weights(workers: Workers, version: int, to_engines: bool = True
-                 ) -> dict[str, torch.Tensor]:
+def sync_weights(workers: Workers, version: int, to_engines: bool = True,
+                 broadcast: BroadcastSync | None = None) -> dict[str, torch.Tensor] | None:
     """Learner rank 0's weights into every rollout engine, and into every replacement
     engine started later; returns them. to_engines=False (rollout.sync_weights: false, a
-    served model as a fixed behaviour policy) only returns them, for evaluation and saving."""
+    served model as a fixed behaviour policy) only returns them, for evaluation and saving.
+    broadcast (sync.method: broadcast): the engines get them over the broadcast group and
+    nothing comes back to the driver (None); a replacement fetches them when it starts."""
+    if broadcast is not None:
+        broadcast.send(version)
+        learners, rollouts = workers.learners, workers.rollouts
+        rollouts.remember("set_weights", lambda: (
+            rollouts.put(learners.call_first("weights")), version))
+        return None
     weights = workers.learners.call_first("weights")
     if to_engines:
         workers.rollouts.call_sticky("set_weights", workers.rollouts.put(weights), version)
     return weights
+
+
+def groups_needed(cutoff: float, groups: int) -> int:
+    """How many of a step's `groups` must finish (rollout.completion_cutoff), at least one."""
+    return max(1, min(groups, math.ceil(cutoff * groups - 1e-9)))
+
+
+@dataclass
+class StepRollouts:
+    """One step's finished groups (whole ones only) and what the straggler cutoff cut."""
+
+    results: list[RolloutResult]
+    cut: int
+    seconds: float
+
+
+def roll_out(rollouts: WorkerGroup, jobs: list[RolloutJob], cutoff: float,
+             on_group_done: Callable[[RolloutResult, WorkerGroup], None] | None = None
+             ) -> StepRollouts:
+    """Every job's group, or (cutoff < 1) the first groups_needed(...) to finish: the others
+    are cancelled between turns and dropped whole."""
+    started = time.perf_counter()
+    need = groups_needed(cutoff, len(jobs))
+    results = rollouts.map("rollout", jobs, on_group_done, need=need,
+                           cancel="cancel" if need < len(jobs) else None)
+    kept = [result for result in results if result is not None]
+    return StepRollouts(kept, len(jobs) - len(kept), time.perf_counter() - started)
 
 
 # --- the loop -------------------------------------------------------------------------------
@@ -184,13 +229,23 @@ def train(config: RLConfig, *, stop_after: int | None = None,
     workers = start_workers(config, algorithm)
     learners, rollouts = workers.learners, workers.rollouts
     result = RunResult(output_dir=output_dir)
+    # Async rollouts overlap the update only on Ray (in-process they would run in turn).
+    background = ThreadPoolExecutor(1) if config.run.async_rollouts and config.run.use_ray \
+        else None
     try:
         start_step = 0
         if config.run.resume:
             start_step, result.before = resume(learners, output_dir, config.run.resume)
-        weights = sync_weights(workers, start_step, config.rollout.sync_weights)
+        broadcast = None
+        if config.sync.method == "broadcast":
+            backend = config.sync.backend
+            if backend == "auto":
+                backend = "nccl" if config.learner.gpus_per_learner > 0 else "gloo"
+            broadcast = BroadcastSync(learners, rollouts, config.sync.bucket_bytes, backend)
+        weights = sync_weights(workers, start_step, config.rollout.sync_weights, broadcast)
         num_tasks = rollouts.call_first("num_tasks")
-        evaluator = EvalPolicy(config, weights)
+        evaluator = EvalPolicy(config, weights if weights is not None
+                               else learners.call_first("weights"))
         if start_step == 0 and config.eval.before:
             result.before = evaluator.evaluate(chat)
         logger = MetricsLogger(output_dir, config.run.steps, start_step=start_step,
@@ -201,14 +256,30 @@ def train(config: RLConfig, *, stop_after: int | None = None,
                                config=rl_config_to_dict(config))
         end = config.run.steps if stop_after is None else min(config.run.steps,
                                                               start_step + stop_after)
+        cutoff = config.rollout.completion_cutoff
+
+        def jobs_of(step: int) -> list[RolloutJob]:
+            return step_jobs(config.run.seed, step, config.rollout.queries_per_step, num_tasks)
+
+        ahead: Future[StepRollouts] | StepRollouts | None = None  # step + 1's, async mode
         with logger:
             for step in range(start_step, end):
-                # 1-2. sample queries and roll out G environments for each
+                # 1-2. sample queries and roll out G environments for each (async: they were
+                # rolled out during the previous step's update, with its weights)
                 started = time.perf_counter()
-                jobs = step_jobs(config.run.seed, step, config.rollout.queries_per_step,
-                                 num_tasks)
-                results = rollouts.map("rollout", jobs, on_group_done)
+                if ahead is None:
+                    rolled = roll_out(rollouts, jobs_of(step), cutoff, on_group_done)
+                else:
+                    rolled = ahead.result() if isinstance(ahead, Future) else ahead
+                    ahead = None
+                results = rolled.results
                 rollout_seconds = time.perf_counter() - started
+                if config.run.async_rollouts and step + 1 < end:
+                    # step + 1's groups start now, with the weights these were sampled with
+                    # at the latest (one step off-policy); in-process they run here.
+                    args = (rollouts, jobs_of(step + 1), cutoff, on_group_done)
+                    ahead = background.submit(roll_out, *args) if background else \
+                        roll_out(*args)
                 trajectories = [t for r in results for t in r.trajectories]
                 # 3-4. one batch; old / reference log-probs and information-gain probe scores
                 started = time.perf_counter()
@@ -222,19 +293,39 @@ def train(config: RLConfig, *, stop_after: int | None = None,
                 # 6. learner updates: PPO epochs over mini-batches of whole trajectories
                 update_metrics = update(learners, batch, config.learner)
                 learner_seconds = time.perf_counter() - started
-                # 7. the new weights go to the engines
-                weights = sync_weights(workers, step + 1, config.rollout.sync_weights)
+                # 7. the new weights go to the engines (async: once step + 1's groups are
+                # done, so that they all come from one policy)
+                started = time.perf_counter()
+                if isinstance(ahead, Future):
+                    ahead = ahead.result()
+                wait_seconds = time.perf_counter() - started
+                started = time.perf_counter()
+                weights = sync_weights(workers, step + 1, config.rollout.sync_weights,
+                                       broadcast)
+                sync_seconds = time.perf_counter() - started
                 # 8. metrics, samples, checkpoint
                 generated = sum(r.stats.generated_tokens for r in results)
                 metrics = {**update_metrics, **trajectory_stats(trajectories),
                            "reward": float(batch.outcome.mean()),
                            **advantages.metrics, **rollout_drift(batch),
                            "rollout_s": rollout_seconds, "learner_s": learner_seconds,
-                           "tokens_per_s": generated / max(rollout_seconds, 1e-9),
+                           "tokens_per_s": generated / max(rolled.seconds, 1e-9),
                            "generated_tokens": float(generated),
                            "worker_restarts": float(rollouts.restarts),
                            "retried_groups": float(rollouts.retried)}
+                if cutoff < 1:
+                    metrics.update({"rollout/groups_cut": float(rolled.cut),
+                                    "rollout/groups_kept": float(len(results))})
+                if config.run.async_rollouts:
+                    metrics.update({
+                        "rollout/weights_lag": float(step - min(
+                            (r.weights_version for r in results), default=step)),
+                        "rollout/overlapped_s": rolled.seconds,
+                        "rollout/wait_s": wait_seconds})
+                if config.sync.method != "object_store":
+                    metrics["sync_s"] = sync_seconds
                 if config.eval.every and (step + 1) % config.eval.every == 0:
+                    weights = weights if weights is not None else learners.call_first("weights")
                     evaluator.load(weights)
                     held_out = evaluator.evaluate(chat)
                     metrics.update({f"eval/{k}": v for k, v in held_out.items()})
@@ -248,6 +339,8 @@ def train(config: RLConfig, *, stop_after: int | None = None,
                 if (config.run.save_every and (step + 1) % config.run.save_every == 0) or last:
                     save_checkpoint(learners, output_dir, step + 1, result.before,
                                     config.rollout.queries_per_step)
+        if weights is None:
+            weights = learners.call_first("weights")
         if end == config.run.steps:
             evaluator.load(weights)
             result.after = evaluator.evaluate(chat)
@@ -261,6 +354,8 @@ def train(config: RLConfig, *, stop_after: int | None = None,
             raise
         raise RuntimeError(learner_died_message(str(error), output_dir)) from error
     finally:
+        if background is not None:
+            background.shutdown(wait=False, cancel_futures=True)
         workers.close()
 
 

@@ -68,9 +68,12 @@ def start_workers(config: RLConfig, algorithm: Any) -> Workers:
         rollout.max_context_tokens, rollout.engine, config.policy.threads,
         search.call_first("url") if search else None, dict(rollout.vllm_options),
         {"base_url": rollout.openai_url, "model": rollout.openai_model,
-         "api_key_env": rollout.openai_api_key_env}),
+         "api_key_env": rollout.openai_api_key_env},
+        backend.uses_gpu(rollout.gpus_per_worker)),
         resources={"num_cpus": rollout.cpus_per_worker, "num_gpus": rollout.gpus_per_worker,
-                   "max_restarts": 0})
+                   "max_restarts": 0,
+                   # A straggler's `cancel` must run while its `rollout` runs.
+                   **({"max_concurrency": 2} if rollout.completion_cutoff < 1 else {})})
     rollouts = WorkerGroup(backend, [worker] * max(1, rollout.num_workers),
                            max_restarts=rollout.max_worker_restarts, role="rollout worker",
                            restarts_field="rollout.max_worker_restarts")

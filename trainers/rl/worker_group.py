@@ -6,6 +6,7 @@
     learners.call_each("update", [(part0,), (part1,)]) worker i gets its own arguments
     learners.call_first("weights")
     rollouts.map("rollout", jobs, on_result)           each job once, on whichever worker is idle
+    rollouts.map("rollout", jobs, need=6, cancel="cancel")   stop once 6 are done (stragglers cut)
     rollouts.call_sticky("set_weights", ref, version)  every worker now, every replacement later
 
 A backend starts workers and runs verbs on them as futures. `InProcess` builds the worker
@@ -175,11 +176,13 @@ class WorkerGroup:
         self.max_restarts, self.role, self.restarts_field = max_restarts, role, restarts_field
         self.restarts = 0
         self.retried = 0
+        self.cut = 0  # items map() cut (need < len(items)), over the group's life
         self.dead: list[str] = []  # workers that died in a call (see WorkerDied)
         # A call raised: some workers may still be inside it (e.g. learners waiting in a
         # collective for a peer that failed), so the group is stopped without more calls.
         self.broken = False
         self._sticky: dict[str, tuple[Any, ...]] = {}
+        self._lazy_sticky: dict[str, Callable[[], tuple[Any, ...]]] = {}
         self.workers = [backend.start(spec) for spec in specs]
         self._specs = dict(zip(self.workers, specs))
         self.names: dict[Any, str] = {}
@@ -259,6 +262,7 @@ class WorkerGroup:
         """verb(*args) on every worker, remembered: a replacement started later runs it
         first. A worker that died meanwhile is replaced."""
         self._sticky[verb] = args
+        self._lazy_sticky.pop(verb, None)
         for worker, future in [(w, self.backend.submit(w, verb, *args))
                                for w in list(self.workers)]:
             try:
@@ -266,15 +270,36 @@ class WorkerGroup:
             except self.backend.dead_errors:
                 self._replace(worker)
 
+    def remember(self, verb: str, arguments: Callable[[], tuple[Any, ...]]) -> None:
+        """Like call_sticky, but only for replacements started later, and with the
+        arguments `arguments()` gives at that moment (the live workers got the same state
+        another way, e.g. the weight broadcast)."""
+        self._sticky.pop(verb, None)
+        self._lazy_sticky[verb] = arguments
+
+    def replace(self, dead: Any) -> Any:
+        """Replace a worker found dead outside map / call_sticky (see _replace)."""
+        return self._replace(dead) if dead in self.workers else None
+
     def map(self, verb: str, items: Sequence[Any],
-            on_result: Callable[[Any, WorkerGroup], None] | None = None) -> list[Any]:
+            on_result: Callable[[Any, WorkerGroup], None] | None = None,
+            need: int | None = None, cancel: str | None = None) -> list[Any]:
         """verb(item) exactly once per item, each on whichever worker is idle; results in
-        item order. on_result(result, group) runs after each finished item."""
+        item order. on_result(result, group) runs after each finished item.
+
+        need: return once this many items have finished (None: all). The other items are
+        cut: queued ones never start, running ones get `cancel(item)` (a verb that makes the
+        worker give up early; without one they run to the end) and are waited for, so no
+        worker is still busy with a cut item when the next call reaches it. A cut item's
+        result is None whatever it returned: exactly `need` results are kept, and `cut`
+        counts the others.
+        """
+        need = len(items) if need is None else max(0, min(need, len(items)))
         queue = deque(enumerate(items))
         results: dict[int, Any] = {}
         in_flight: dict[Any, tuple[int, Any, Any]] = {}
         idle = list(self.workers)
-        while queue or in_flight:
+        while (queue or in_flight) and len(results) < need:
             while queue and idle:
                 worker, (index, item) = idle.pop(0), queue.popleft()
                 in_flight[self.backend.submit(worker, verb, item)] = (index, item, worker)
@@ -296,7 +321,26 @@ class WorkerGroup:
             idle.append(worker)
             if on_result:
                 on_result(result, self)
-        return [results[index] for index in range(len(items))]
+        self._cut(in_flight, cancel)
+        self.cut += len(items) - len(results)
+        return [results.get(index) for index in range(len(items))]
+
+    def _cut(self, in_flight: dict[Any, tuple[int, Any, Any]], cancel: str | None) -> None:
+        """Cancel the running items of a map that has enough results and wait until their
+        workers are free (their results are dropped; a worker that died meanwhile is
+        replaced)."""
+        if not in_flight:
+            return
+        cancels = {} if cancel is None else {
+            self.backend.submit(worker, cancel, item): worker
+            for index, item, worker in in_flight.values()}
+        waits = {**{future: worker for future, (_, _, worker) in in_flight.items()}, **cancels}
+        for future, worker in waits.items():
+            try:
+                self.backend.get([future])
+            except self.backend.dead_errors:
+                if worker in self.workers:
+                    self._replace(worker)
 
     def put(self, value: Any) -> Any:
         """`value` as an argument for many calls (shared, not copied per call, on Ray)."""
@@ -320,7 +364,9 @@ class WorkerGroup:
             self.restarts += 1
             candidate = self.backend.start(spec)
             try:
-                for verb, args in self._sticky.items():
+                sticky = {**self._sticky, **{verb: make() for verb, make
+                                             in self._lazy_sticky.items()}}
+                for verb, args in sticky.items():
                     self.backend.get([self.backend.submit(candidate, verb, *args)])
                 if hasattr(spec.cls, "ping"):
                     self.names[candidate] = self.backend.get(

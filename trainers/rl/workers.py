@@ -5,6 +5,7 @@ actor, and the driver (trainers.rl.driver) calls these verbs on the groups:
 
     RolloutWorker.rollout(job)        -> RolloutResult  (G trajectories of one query)
     RolloutWorker.set_weights(state)                    (new policy weights into the engine)
+    RolloutWorker.cancel(job)                           (abandon a straggler between turns)
     Learner.logprobs_and_probe_scores(batch, answers)
                                       -> old / ref log-probs and IG probe scores of its rows
     Learner.update(batch, totals)     -> metrics        (one optimizer step, grads all-reduced)
@@ -54,6 +55,7 @@ import copy
 import dataclasses
 import os
 import random
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +71,13 @@ from trainers.information_gain import InformationGainConfig, score_batch
 from trainers.lora import LoraSettings, apply_lora, has_lora, merged_state_dict
 from trainers.models import BOOLEAN_LOGITS_TO_KEEP, load_policy, load_tokenizer, resolve_dtype
 from trainers.probes import build_probe_template, build_probes, encode_text
-from trainers.rollout import RolloutStats, SamplingConfig, rollout_group, text_token_counter
+from trainers.rollout import (
+    RolloutCancelled,
+    RolloutStats,
+    SamplingConfig,
+    rollout_group,
+    text_token_counter,
+)
 from trainers.trajectory import Trajectory
 
 LEARNER_STATE_FILE = "learner.pt"
@@ -86,10 +94,15 @@ class RolloutJob:
 
 @dataclass
 class RolloutResult:
+    """One group's trajectories (all G, or none when `cancelled`), with the version of the
+    weights that generated them (the step whose update they came from; -1 = never synced)."""
+
     job: RolloutJob
     trajectories: list[Trajectory]
     stats: RolloutStats
     worker: str = ""
+    weights_version: int = -1
+    cancelled: bool = False
 
 
 def _openai_engine(base_url: str, model: str = "default", api_key_env: str = "") -> Any:
@@ -119,13 +132,15 @@ class RolloutWorker:
         vllm_options: keyword arguments of trainers.engines.vllm_engine.VLLMEngine.
         openai_options: engine "openai": base_url, model and api_key_env (the variable
             holding the key) of trainers.engines.openai_http.OpenAIHTTPEngine.
+        use_gpu: engine "hf" generates on CUDA when this process sees a GPU (a Ray actor
+            sees one only when it reserved one: rollout.gpus_per_worker).
     """
 
     def __init__(self, policy_path: str, env_kwargs: dict[str, Any], group_size: int,
                  sampling: SamplingConfig, max_context_tokens: int, engine: str = "hf",
                  threads: int = 0, search_url: str | None = None,
                  vllm_options: dict[str, Any] | None = None,
-                 openai_options: dict[str, Any] | None = None):
+                 openai_options: dict[str, Any] | None = None, use_gpu: bool = False):
         from envs.group import DeepResearchGroupEnv
 
         if threads:
@@ -139,6 +154,8 @@ class RolloutWorker:
             from trainers.engines.hf import HFEngine
 
             model, tokenizer, self.chat = load_policy(policy_path)
+            if use_gpu and torch.cuda.is_available():
+                model = model.to(f"cuda:{torch.cuda.current_device()}")
             self.engine = HFEngine(model, tokenizer)
         else:
             _, _, self.chat = load_policy(policy_path)
@@ -154,24 +171,67 @@ class RolloutWorker:
         self.max_context_tokens = max_context_tokens
         self.weights_version = -1
         self.name = f"pid{os.getpid()}"
+        # A Ray actor with max_concurrency 2 (rollout.completion_cutoff < 1) may run `cancel`
+        # while `rollout` runs; the lock keeps weight updates out of a running rollout.
+        self._lock = threading.Lock()
+        self._cancelled: set[tuple[int, int]] = set()
+        self._weight_sync: Any = None
 
     def num_tasks(self) -> int:
         return len(self.group_env.tasks)
 
     def set_weights(self, state: dict[str, torch.Tensor], version: int) -> int:
-        self.engine.update_weights(state)
-        self.weights_version = version
+        with self._lock:
+            self.engine.update_weights(state)
+            self.weights_version = version
         return version
 
     def rollout(self, job: RolloutJob) -> RolloutResult:
         stats = RolloutStats()
         sampling = dataclasses.replace(self.sampling, seed=job.seed)
-        trajectories = rollout_group(
-            self.engine, self.group_env, self.chat, seed=job.seed,
-            options={"task_index": job.task_index}, sampling=sampling,
-            max_context_tokens=self.max_context_tokens, stats=stats,
-            trajectory_id_prefix=f"g{job.group_id}")
-        return RolloutResult(job, trajectories, stats, self.name)
+        token = (job.group_id, job.seed)
+        with self._lock:
+            try:
+                trajectories = rollout_group(
+                    self.engine, self.group_env, self.chat, seed=job.seed,
+                    options={"task_index": job.task_index}, sampling=sampling,
+                    max_context_tokens=self.max_context_tokens, stats=stats,
+                    trajectory_id_prefix=f"g{job.group_id}",
+                    should_stop=lambda: token in self._cancelled)
+            except RolloutCancelled:
+                return RolloutResult(job, [], stats, self.name, self.weights_version,
+                                     cancelled=True)
+            finally:
+                self._cancelled.discard(token)
+        for trajectory in trajectories:
+            trajectory.metadata["weights_version"] = self.weights_version
+        return RolloutResult(job, trajectories, stats, self.name, self.weights_version)
+
+    def join_weight_sync(self, address: str, rank: int, world_size: int, backend: str) -> None:
+        """Join the weight-broadcast group (sync.method: broadcast; trainers.rl.weight_sync)."""
+        from trainers.rl.weight_sync import join_sync_group
+
+        self._weight_sync = join_sync_group(address, rank, world_size, backend)
+
+    def receive_weights(self, plan: Any, version: int, backend: str) -> int:
+        """Receive learner rank 0's broadcast (`plan`: trainers.rl.weight_sync.SyncPlan) and
+        load it into the engine."""
+        from trainers.rl.weight_sync import receive_buckets
+
+        if self._weight_sync is None:
+            raise RuntimeError("receive_weights before join_weight_sync")
+        device = f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
+        state = receive_buckets(self._weight_sync, plan, device)
+        with self._lock:
+            self.engine.update_weights(state)
+            self.weights_version = version
+        return version
+
+    def cancel(self, job: RolloutJob) -> None:
+        """Abandon `job` before its next turn (rollout.completion_cutoff). The driver waits
+        for the job's result before it sends this worker anything else, so a late cancel
+        (the job already finished) never reaches a later job."""
+        self._cancelled.add((job.group_id, job.seed))
 
     def ping(self) -> str:
         return self.name
@@ -376,6 +436,7 @@ class Learner:
         self.lr, self.warmup_steps, self.grad_clip = lr, warmup_steps, grad_clip
         self.micro_batch_size = micro_batch_size
         self.updates = 0
+        self._weight_sync: Any = None  # the weight-broadcast group (sync.method: broadcast)
         self.probe_template = None
         if algorithm.needs_probe_scores:
             # The policy's turns open with the template's assistant header followed by
@@ -501,6 +562,37 @@ class Learner:
             return merged_state_dict(self.scorer)
         return {name: tensor.detach().cpu().clone()
                 for name, tensor in self.scorer.state_dict().items()}
+
+    def _sync_state(self) -> dict[str, torch.Tensor]:
+        """weights() without the copy to the CPU (tensors where they live)."""
+        if self.lora:
+            return merged_state_dict(self.scorer)
+        return {name: tensor.detach() for name, tensor in self.scorer.state_dict().items()}
+
+    def weight_sync_plan(self, bucket_bytes: int) -> Any:
+        """The bucket plan of this policy's weights (trainers.rl.weight_sync.plan_buckets)."""
+        from trainers.rl.weight_sync import plan_buckets
+
+        return plan_buckets(self._sync_state(), bucket_bytes)
+
+    def weight_sync_address(self) -> str:
+        """A free "host:port" on this learner's node for the weight-broadcast group's store."""
+        from trainers.rl.weight_sync import free_address
+
+        return free_address(self.rendezvous_address().rsplit(":", 1)[0])
+
+    def join_weight_sync(self, address: str, rank: int, world_size: int, backend: str) -> None:
+        """Join the weight-broadcast group as its sender (rank 0)."""
+        from trainers.rl.weight_sync import join_sync_group
+
+        self._weight_sync = join_sync_group(address, rank, world_size, backend)
+
+    def broadcast_weights(self, plan: Any, backend: str) -> int:
+        """Send the current weights to the engines in buckets; returns the bytes sent."""
+        from trainers.rl.weight_sync import send_buckets
+
+        return send_buckets(self._weight_sync, self._sync_state(), plan,
+                            device="cpu" if backend == "gloo" else None)
 
     def save(self, directory: str | Path) -> None:
         """Write the learner state (rank 0 writes; every rank holds the same state, or with
