@@ -249,7 +249,8 @@ def train(config: RLConfig, *, stop_after: int | None = None,
                                     config.rollout.queries_per_step)
         if end == config.run.steps:
             evaluator.load(weights)
-            result.after = evaluator.evaluate(chat)
+            if config.eval.after:
+                result.after = evaluator.evaluate(chat)
             evaluator.save_final(output_dir / "final", tokenizer)
             (output_dir / "eval.json").write_text(dumps_json(
                 {"before": result.before, "after": result.after}, indent=2))
