@@ -44,6 +44,11 @@ DEFAULT_SFT_CONFIGS = ("examples/configs/sft_compact.yaml",
 # question mix); RL and evaluation of the warm start use them.
 POLICY_ENV_KEYS = ("prompt_style", "hops", "search_top_k")
 DEFAULT_WORLDS = (0, 45)  # world 0: the SFT evaluation world; 45: a validation world
+# The evaluation's context: the env's budget (then the forced final answer) and the rollout's
+# hard cap, as benchmarks/configs/learning_check_igpo.yaml has them; the tiny models hold
+# 8,192 positions.
+EVAL_CONTEXT_TOKENS = 6144
+ROLLOUT_CONTEXT_TOKENS = 8192
 
 
 def warm_start_info(path: str | Path = WARM_START) -> dict[str, Any] | None:
@@ -138,14 +143,15 @@ def model_card(info: dict[str, Any]) -> str:
         f"- Files: {', '.join(info['files'])}",
         f"- Env settings it was trained with (use the same): {env}",
         f"- SFT data came from the train splits of world seeds {_ranges(seen)} "
-        f"({len(seen)} worlds); it never saw any other world seed, in particular "
+        f"({len(seen)} in all); it never saw any other world seed, in particular "
         f"{', '.join(str(w) for w in info['held_out_worlds'])} below.",
         "",
         "## Held-out numbers",
         "",
         f"Test split of each world, {ev['k']} samples per task at temperature "
         f"{ev['temperature']} (seed {ev['seed']}), at most {ev['max_turns']} turns of "
-        f"{ev['max_turn_tokens']} tokens; ± is the task-clustered bootstrap standard error "
+        f"{ev['max_turn_tokens']} tokens and a context budget of {ev['max_context_tokens']} "
+        "tokens; ± is the task-clustered bootstrap standard error "
         "(trainers.eval_stats). Format-valid turns: valid turns / generated turns; pass@1: "
         "mean correctness (exact match) per sample; answer rate: episodes that end in a "
         "valid answer.",
@@ -194,7 +200,7 @@ def package(source: str | Path, dest: str | Path | None = None, *,
     env = {key: list(kwargs[key]) if isinstance(kwargs[key], tuple) else kwargs[key]
            for key in POLICY_ENV_KEYS}
     eval_env = {**env, "world_size": kwargs["world_size"], "max_turns": kwargs["max_turns"],
-                "max_context_tokens": kwargs["max_context_tokens"]}
+                "max_context_tokens": min(kwargs["max_context_tokens"], EVAL_CONTEXT_TOKENS)}
     files = copy_policy(source, dest)
     held_out = held_out_sets(eval_env, list(worlds))
     for held in held_out:
@@ -203,7 +209,7 @@ def package(source: str | Path, dest: str | Path | None = None, *,
           f"at temperature {temperature}", flush=True)
     evaluation = paired_evaluate({"warm start": dest}, held_out, k=k, seed=seed,
                                  temperature=temperature, max_turn_tokens=max_turn_tokens,
-                                 max_context_tokens=eval_env["max_context_tokens"] + 2 * max_turn_tokens,
+                                 max_context_tokens=ROLLOUT_CONTEXT_TOKENS,
                                  threads=threads)["warm start"]
     results: dict[str, Any] = {}
     for held in held_out:
