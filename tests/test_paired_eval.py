@@ -14,8 +14,9 @@ from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
 from trainers.paired_eval import HeldOut, compare, comparison_lines, paired_evaluate
 from trainers.trajectory import Trajectory, Turn
 
+# No tool timeout: on a loaded machine a timed-out search would make two plays differ.
 WORLD = {"world_size": 300, "world_seed": 3, "hops": (1,), "search_top_k": 2, "max_turns": 2,
-         "max_context_tokens": 1500}
+         "max_context_tokens": 1500, "tool_timeout_s": None}
 
 
 def _trajectory(task: int, correct: bool, valid_turns: int, invalid_turns: int,
@@ -70,7 +71,8 @@ def test_compare_refuses_evaluations_of_different_tasks():
 
 @pytest.fixture(scope="module")
 def policy_dirs(tmp_path_factory) -> tuple[str, str]:
-    tokenizer = build_chatml_tokenizer(world_texts(WORLD), vocab_size=1024)
+    tokenizer = build_chatml_tokenizer(world_texts({**WORLD, "tool_timeout_s": 30.0}),
+                                       vocab_size=1024)
     paths = []
     for seed in (0, 1):
         directory = tmp_path_factory.mktemp(f"policy{seed}")

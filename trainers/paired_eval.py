@@ -199,25 +199,20 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
         raise ValueError(f"k must be >= 1, got {k}")
     if threads:
         torch.set_num_threads(threads)
-    loaded = {}
+    results: dict[str, Evaluation] = {}
     for name, path in policies.items():
+        started = time.perf_counter()
         model, tokenizer, chat = load_policy(path)
-        loaded[name] = (HFEngine(model.eval(), tokenizer), chat)
-    results = {name: Evaluation(k=k) for name in policies}
-    seconds = dict.fromkeys(policies, 0.0)
-    counter: dict[str, Any] = {}
-    for index, held in enumerate(held_out):
-        # One env (world, search index) per task set, shared by the policies; its budgets
-        # count tokens with the playing policy's tokenizer.
-        env_kwargs = {"tool_timeout_s": 60.0, **held.env_kwargs, "task_split": held.split,
-                      "token_counter": lambda text: counter["count"](text)}
-        group = DeepResearchGroupEnv(group_size=k, **env_kwargs)
-        try:
-            count = len(group.tasks) if not held.num_tasks else min(held.num_tasks,
-                                                                    len(group.tasks))
-            for name, (engine, chat) in loaded.items():
-                started = time.perf_counter()
-                counter["count"] = text_token_counter(chat)
+        engine = HFEngine(model.eval(), tokenizer)
+        evaluation = Evaluation(k=k)
+        for index, held in enumerate(held_out):
+            # A stuck remote tool backend must not stall the evaluation.
+            env_kwargs = {"tool_timeout_s": 60.0, **held.env_kwargs, "task_split": held.split,
+                          "token_counter": text_token_counter(chat)}
+            group = DeepResearchGroupEnv(group_size=k, **env_kwargs)
+            try:
+                count = len(group.tasks) if not held.num_tasks else min(held.num_tasks,
+                                                                        len(group.tasks))
                 for task in range(count):
                     member_seed = _member_seed(seed, index, task)
                     sampling = SamplingConfig(max_turn_tokens=max_turn_tokens,
@@ -228,17 +223,17 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
                                                  max_context_tokens=max_context_tokens)
                     for trajectory in trajectories:
                         trajectory.metadata["held_out"] = held.name
-                    results[name].per_task.append(trajectories)
-                    results[name].seeds.append(seed)
-                seconds[name] += time.perf_counter() - started
-        finally:
-            group.close()
-    if log is not None:
-        for name, evaluation in results.items():
+                    evaluation.per_task.append(trajectories)
+                    evaluation.seeds.append(seed)
+            finally:
+                group.close()
+        results[name] = evaluation
+        if log is not None:
             summary = {m: METRICS[m](evaluation.per_task) for m in HEADLINE}
-            log(f"  {name} ({policies[name]}): {len(evaluation.per_task)} tasks x {k}, "
+            log(f"  {name} ({path}): {len(evaluation.per_task)} tasks x {k}, "
                 + ", ".join(f"{m} {v:.3f}" for m, v in summary.items())
-                + f" ({seconds[name]:.0f} s)")
+                + f" ({time.perf_counter() - started:.0f} s)")
+        del engine, model
     return results
 
 
