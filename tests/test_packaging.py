@@ -1,5 +1,5 @@
-"""What `pip install .` gets: the wheel holds the default configs of `venus-gym demo` and the
-packaged data, and the defaults resolve through importlib.resources from the installed
+"""What `pip install .` gets: the wheel holds the default configs of `venus-gym demo`, the
+packaged data and the packaged warm-start policy, and the defaults resolve through importlib.resources from the installed
 package, without a source checkout or its working directory."""
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIGS = ("trainers/configs/demo_sft.yaml", "trainers/configs/demo_igpo.yaml")
+WARM_START_FILES = tuple(f"trainers/warm_start/{name}" for name in (
+    "model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
+    "warm_start.json", "README.md"))
 DATA_FILES = ("venus_gym/data/hotpotqa_dev_distractor_500.jsonl",
               "venus_gym/data/LICENSE-hotpotqa-CC-BY-SA-4.0.txt", "venus_gym/data/README.md")
 # Build and run outputs a copy of the checkout leaves behind (without git to list files).
@@ -63,6 +66,7 @@ def test_the_wheel_holds_the_default_configs_the_data_and_the_command(wheel):
         scripts = archive.read(entry_points).decode()
     assert set(DEFAULT_CONFIGS) <= names
     assert set(DATA_FILES) <= names
+    assert set(WARM_START_FILES) <= names  # `warm-start` works from a non-editable install
     assert {"venus_gym/__init__.py", "envs/__init__.py", "envs/registration.py",
             "trainers/cli.py", "trainers/sft/recipe.py"} <= names
     assert not any(n.startswith(("tests/", "examples/", "benchmarks/")) for n in names)
@@ -85,6 +89,7 @@ from trainers.cli import build_parser
 from trainers.pipeline import DEFAULT_RL_CONFIG, DEFAULT_SFT_CONFIG
 from trainers.rl.config import load_rl_config
 from trainers.sft.config import load_config
+from trainers.models import resolve_model_path
 demo = build_parser().parse_args(["demo"])
 env = gym.make("DeepResearch-HotpotQA-v0").unwrapped
 print(json.dumps({"package": trainers.__file__, "envs": envs.__file__,
@@ -92,7 +97,8 @@ print(json.dumps({"package": trainers.__file__, "envs": envs.__file__,
                   "demo": [demo.sft_config, demo.rl_config],
                   "episodes": load_config(DEFAULT_SFT_CONFIG).data.num_episodes,
                   "algorithm": load_rl_config(DEFAULT_RL_CONFIG).algorithm.name,
-                  "hotpotqa_tasks": len(env.tasks)}))
+                  "hotpotqa_tasks": len(env.tasks),
+                  "warm_start": str(resolve_model_path("warm-start"))}))
 """
     result = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True,
                             text=True, timeout=300,
@@ -105,6 +111,7 @@ print(json.dumps({"package": trainers.__file__, "envs": envs.__file__,
     assert found["demo"] == found["configs"]
     assert found["episodes"] > 0 and found["algorithm"] == "igpo"
     assert found["hotpotqa_tasks"] > 0
+    assert Path(found["warm_start"]) == site / "trainers" / "warm_start"
 
 
 def test_the_default_configs_resolve_from_another_working_directory(tmp_path):

@@ -1,6 +1,7 @@
 """The main job (trainers.pipeline, `venus-gym demo`) end to end at toy size: every stage
-writes its artefact and the report compares the SFT policy with the RL policy on held-out
-tasks. Also: every shipped RL config loads and validates."""
+writes its artefact, RL starts from the packaged warm start, and the report compares the
+start with the RL policy on paired held-out tasks. Also: every shipped RL config loads and
+validates."""
 
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ from importlib.resources import files
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
+from trainers.models import WARM_START, load_causal_lm
+from trainers.packaged_policy import warm_start_info
 from trainers.pipeline import DEFAULT_RL_CONFIG, DEFAULT_SFT_CONFIG, run_pipeline
 from trainers.rl.config import load_rl_config
 from trainers.sft.config import load_config
 from trainers.trajectory import read_trajectories
 
-CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "examples" / "configs"
 
 
 def rl_config_paths() -> list[Path]:
@@ -25,7 +30,8 @@ def rl_config_paths() -> list[Path]:
     `rollout` section)."""
     examples = sorted(path for path in CONFIGS.glob("*.yaml")
                       if "rollout" in (yaml.safe_load(path.read_text()) or {}))
-    return [Path(DEFAULT_RL_CONFIG), *examples]
+    return [Path(DEFAULT_RL_CONFIG), REPO / "benchmarks" / "configs" / "learning_check_igpo.yaml",
+            *examples]
 
 
 RL_CONFIGS = rl_config_paths()
@@ -58,7 +64,7 @@ def test_the_default_configs_are_package_data_named_by_their_command():
     assert load_config(DEFAULT_SFT_CONFIG).data.num_episodes > 0
 
 
-def test_pipeline_runs_every_stage_and_writes_the_report(tmp_path):
+def _small_configs():
     sft = load_config(DEFAULT_SFT_CONFIG)
     sft.env = dataclasses.replace(sft.env, world_size=300, world_seed=3, hops=(1,))
     sft.model = dataclasses.replace(sft.model, vocab_size=1024, hidden=64, layers=2, heads=2)
@@ -72,22 +78,48 @@ def test_pipeline_runs_every_stage_and_writes_the_report(tmp_path):
                                      max_turn_tokens=24, max_context_tokens=2048)
     rl.run = dataclasses.replace(rl.run, steps=1, progress_bar=False, tensorboard="off")
     rl.eval = dataclasses.replace(rl.eval, num_tasks=2, max_turn_tokens=24)
+    return sft, rl
 
-    result = run_pipeline(sft, rl, tmp_path, log=False)
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(a[k].shape == b[k].shape and torch.equal(a[k], b[k])
+                                        for k in a)
+
+
+def test_pipeline_runs_every_stage_and_rl_starts_from_the_packaged_warm_start(tmp_path):
+    """SFT from scratch runs and saves its policy; RL loads the packaged warm start (at lr 0
+    its final weights are the warm start's, not the SFT stage's), with the warm start's env
+    settings; the report says so and compares start and RL policy with paired SEs."""
+    sft, rl = _small_configs()
+    rl.learner = dataclasses.replace(rl.learner, lr=0.0)
+    assert rl.policy.path == WARM_START
+
+    result = run_pipeline(sft, rl, tmp_path, log=False, eval_samples=2)
 
     assert (tmp_path / "world" / "corpus.jsonl").is_file()
     data = read_trajectories(tmp_path / "sft_data.jsonl")
     assert len(data) == 12 and all(t.outcome == 1.0 for t in data)  # oracle, kept if correct
     assert (tmp_path / "sft" / "final" / "config.json").is_file()
-    assert (tmp_path / "rl" / "final" / "config.json").is_file()
     assert len((tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()) == 1
+    rl_final = load_causal_lm(tmp_path / "rl" / "final").state_dict()
+    assert _same(rl_final, load_causal_lm(WARM_START).state_dict())
+    assert not _same(rl_final, load_causal_lm(tmp_path / "sft" / "final").state_dict())
+
+    assert result.start_policy == WARM_START
     report = result.report.read_text()
     assert result.report == tmp_path / "report.md"
+    assert "RL started from `warm-start`" in report and "never answers correctly" in report
+    assert "paired, sampled held-out evaluation" in report
     assert "## Evaluation: before vs after RL" in report and "![training curves]" in report
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     numbers = json.loads((tmp_path / "report.json").read_text())
+    assert set(numbers["paired"]) == {"pass@1", "format_valid_rate", "answer_rate"}
+    # lr 0: the two policies are the same weights under the same seeds, so nothing changed
+    assert all(d["diff"] == 0 and not d["worse"] for d in numbers["paired"].values())
     assert numbers["before"]["tasks"] == 2 and numbers["after"]["tasks"] == 2
-    assert numbers["before"]["pass@1"] == result.before["pass@1"]
     assert numbers["training"]["steps_logged"] == 1
-    assert numbers["config"]["rl"]["policy"]["path"] == str(tmp_path / "sft" / "final")
-    assert set(result.seconds) == {"world", "data", "sft", "rl", "report"}
+    rl_used = numbers["config"]["rl"]
+    assert rl_used["policy"]["path"] == WARM_START
+    assert rl_used["env"]["prompt_style"] == warm_start_info()["env"]["prompt_style"]
+    assert (rl_used["env"]["world_size"], rl_used["env"]["world_seed"]) == (300, 3)
+    assert set(result.seconds) == {"world", "data", "sft", "rl", "eval", "report"}

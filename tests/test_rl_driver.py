@@ -18,6 +18,7 @@ import pytest
 import torch
 import yaml
 
+import trainers.models as trainers_models
 from trainers.batch import collate
 from trainers.data.oracle_data import world_texts
 from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
@@ -321,3 +322,14 @@ def test_two_mini_batches_make_the_clip_engage(policy_dir):
             assert metrics["ratio_max"] == pytest.approx(1.0, abs=1e-5)
     assert clip[1] == 0.0
     assert clip[2] > 0.0  # averaged over both steps: the second one clips
+
+
+def test_eval_after_off_leaves_the_final_evaluation_to_the_caller(tmp_path, policy_dir):
+    """eval.before / eval.after off: no greedy evaluation, but the final policy is saved for
+    the caller's own (paired) evaluation, with the trained weights."""
+    config = small_config(policy_dir, tmp_path, steps=1)
+    config.eval = dataclasses.replace(config.eval, before=False, after=False)
+    result = train(config)
+    assert result.before == {} and result.after == {}
+    saved = trainers_models.load_causal_lm(tmp_path / "final").state_dict()
+    assert same_weights(saved, result.weights)

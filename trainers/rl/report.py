@@ -50,7 +50,9 @@ _SMOOTH_AFTER = 20  # points; below this a moving average hides more than it sho
 def write_report(output_dir: str | Path, *, metrics_path: str | Path,
                  before: Mapping[str, Any], after: Mapping[str, Any],
                  config: Mapping[str, Any] | None = None,
-                 title: str = "venus-gym run") -> Path:
+                 title: str = "venus-gym run",
+                 sections: Sequence[tuple[str, Sequence[str]]] = (),
+                 extra: Mapping[str, Any] | None = None) -> Path:
     """Write report.md, report.json and curves.png into output_dir; returns report.md's path.
 
     Args:
@@ -61,6 +63,9 @@ def write_report(output_dir: str | Path, *, metrics_path: str | Path,
             before and after RL. Rows whose key neither has are left out.
         config: the run's configuration, appended to report.md and report.json.
         title: the report's heading.
+        sections: (heading, markdown lines) written before the before / after table, e.g.
+            which policy RL started from and a paired comparison with standard errors.
+        extra: more entries for report.json (e.g. that comparison's numbers).
 
     Raises:
         FileNotFoundError: metrics_path does not exist.
@@ -90,10 +95,14 @@ def write_report(output_dir: str | Path, *, metrics_path: str | Path,
         "after": dict(after),
         "training": {"steps_logged": len(rows), "last_step": last, "curves": plotted},
         "config": dict(config) if config is not None else None,
+        **(dict(extra) if extra else {}),
     }
     (output_dir / "report.json").write_text(dumps_json(report, indent=2) + "\n", encoding="utf-8")
 
-    lines = [f"# {title}", "", "## Evaluation: before vs after RL", "",
+    lines = [f"# {title}", ""]
+    for heading, body in sections:
+        lines += [f"## {heading}", "", *body, ""]
+    lines += ["## Evaluation: before vs after RL", "",
              "| metric | before RL | after RL | change |", "| --- | ---: | ---: | ---: |"]
     for label, b, a in comparison:
         change = _format(a - b, signed=True) if _finite(a) and _finite(b) else "n/a"

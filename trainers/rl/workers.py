@@ -69,7 +69,13 @@ from trainers.batch import RolloutBatch
 from trainers.distributed import all_reduce_gradients
 from trainers.information_gain import InformationGainConfig, score_batch
 from trainers.lora import LoraSettings, apply_lora, has_lora, merged_state_dict
-from trainers.models import BOOLEAN_LOGITS_TO_KEEP, load_policy, load_tokenizer, resolve_dtype
+from trainers.models import (
+    BOOLEAN_LOGITS_TO_KEEP,
+    load_policy,
+    load_tokenizer,
+    resolve_dtype,
+    resolve_model_path,
+)
 from trainers.probes import build_probe_template, build_probes, encode_text
 from trainers.rollout import (
     RolloutCancelled,
@@ -161,7 +167,9 @@ class RolloutWorker:
             _, _, self.chat = load_policy(policy_path)
             from trainers.engines.vllm_engine import VLLMEngine
 
-            self.engine = VLLMEngine(policy_path, **(vllm_options or {}))
+            # vLLM reads a directory: `warm-start` becomes the packaged policy's.
+            self.engine = VLLMEngine(str(resolve_model_path(policy_path)),
+                                     **(vllm_options or {}))
         kwargs = {**env_kwargs, "task_split": "train",
                   "token_counter": text_token_counter(self.chat)}
         if search_url:
