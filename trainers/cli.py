@@ -260,6 +260,16 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return main_args(args)
 
 
+def add_served_world_arguments(parser: argparse.ArgumentParser) -> None:
+    """--world, --world-size, --world-seed of the serve-* commands."""
+    parser.add_argument("--world", default="synthetic",
+                        help="'synthetic', 'hotpotqa', a directory saved by World.save or a "
+                             "QA JSONL")
+    parser.add_argument("--world-size", type=int, default=2000,
+                        help="pages of a synthetic world")
+    parser.add_argument("--world-seed", type=int, default=0, help="seed of a synthetic world")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="venus-gym", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -350,10 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     sr = sub.add_parser("serve-retrieval", help="serve a world's pages over POST /retrieve "
                                                 "(Search-R1 JSON, SkyRL's single query, GEM's "
                                                 "msgpack; HTTP/1.1 keep-alive)")
-    sr.add_argument("--world", default="synthetic",
-                    help="'synthetic', 'hotpotqa', a directory saved by World.save or a QA JSONL")
-    sr.add_argument("--world-size", type=int, default=2000, help="pages of a synthetic world")
-    sr.add_argument("--world-seed", type=int, default=0, help="seed of a synthetic world")
+    add_served_world_arguments(sr)
     sr.add_argument("--host", default="127.0.0.1", help="address to listen on")
     sr.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
     sr.add_argument("--default-topk", type=int, default=3,
@@ -365,10 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     se = sub.add_parser("serve-env", help="serve DeepResearch-v0 over OpenEnv's protocol "
                                           "(WebSocket sessions, /reset /step /state; needs "
                                           ".[openenv])")
-    se.add_argument("--world", default="synthetic",
-                    help="'synthetic', 'hotpotqa', a directory saved by World.save or a QA JSONL")
-    se.add_argument("--world-size", type=int, default=2000, help="pages of a synthetic world")
-    se.add_argument("--world-seed", type=int, default=0, help="seed of a synthetic world")
+    add_served_world_arguments(se)
     se.add_argument("--max-turns", type=int, default=200, help="the environment's turn budget")
     se.add_argument("--max-sessions", type=int, default=8, help="concurrent sessions")
     se.add_argument("--host", default="127.0.0.1", help="address to listen on")
