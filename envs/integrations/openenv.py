@@ -104,7 +104,7 @@ class DeepResearchOpenEnv(Environment[DeepResearchAction, DeepResearchObservatio
              **kwargs: Any) -> DeepResearchObservation:
         if self._state.done:
             raise RuntimeError("no episode is running: reset first (the last one ended, "
-                               "or this session never reset)")
+                               "or this connection never reset)")
         text, reward, terminated, truncated, info = self.env.step(action.text)
         done = bool(terminated or truncated)
         self._state.step_count += 1
