@@ -22,8 +22,7 @@ from venus_gym.tools import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-HOTPOT_FILES = (REPO / "venus_gym" / "data" / "hotpotqa_dev_distractor_500.jsonl",
-                Path("/work/shared/data/hotpotqa_dev_distractor_500.jsonl"))
+HOTPOT_FILES = (REPO / "venus_gym" / "data" / "hotpotqa_dev_distractor_500.jsonl",)
 
 _SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
 _FILLER = ("river city market harbour valley school temple castle bridge museum library "
@@ -235,7 +234,7 @@ def _hotpot_file() -> Path | None:
 
 
 @pytest.mark.skipif(_hotpot_file() is None,
-                    reason="HotpotQA dev subset not found (venus_gym/data or /work/shared/data)")
+                    reason="HotpotQA dev subset not found in venus_gym/data")
 def test_hotpotqa_supporting_titles_are_found():
     by_key: dict[tuple[str, str], Page] = {}
     supporting: list[Page] = []
