@@ -62,7 +62,7 @@ from ray.rllib.core.distribution.distribution import Distribution
 from ray.rllib.core.rl_module.apis.value_function_api import ValueFunctionAPI
 from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
 
-from trainers.config_utils import help_field
+from trainers.config_utils import from_dict, help_field
 from trainers.engines.base import GenerationRequest
 from trainers.engines.hf import HFEngine
 from trainers.integrations.rllib_env import RLLIB_ENV_NAME, register_rllib_env, unpadded
@@ -95,11 +95,7 @@ class TurnModuleConfig:
         # apply to this module and are dropped, anything else unknown is refused.
         rllib_keys = {f.name for f in fields(DefaultModelConfig)}
         given = {k: v for k, v in dict(model_config or {}).items() if k not in rllib_keys}
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(given) - known)
-        if unknown:
-            raise ValueError(f"model_config: unknown key(s) {unknown}; valid: {sorted(known)}")
-        config = cls(**given)
+        config = from_dict(cls, given, where="model_config")
         if not config.policy_path:
             raise ValueError("model_config.policy_path is required: the policy directory")
         if config.max_seq_len != 1:

@@ -34,14 +34,14 @@ answer and are computed by the project's own trainer only (docs/rllib.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from envs.deep_research import DeepResearchEnv
-from trainers.config_utils import help_field
+from trainers.config_utils import from_dict, help_field
 from trainers.engines.base import find_stop_string, text_before_stop_string
 from trainers.rollout import DEFAULT_STOP_STRINGS, text_token_counter
 from trainers.tokenization import ChatTokenizer, ConversationBuilder
@@ -72,12 +72,7 @@ class TokenTurnConfig:
     @classmethod
     def from_env_config(cls, env_config: Any) -> TokenTurnConfig:
         """Build from RLlib's EnvContext / a dict; unknown keys are refused by name."""
-        given = dict(env_config or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(given) - known)
-        if unknown:
-            raise ValueError(f"env_config: unknown key(s) {unknown}; valid: {sorted(known)}")
-        config = cls(**given)
+        config = from_dict(cls, dict(env_config or {}), where="env_config")
         if not config.policy_path:
             raise ValueError("env_config.policy_path is required: the policy directory whose "
                              "tokenizer maps the environment's text to ids")
