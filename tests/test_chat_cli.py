@@ -78,6 +78,10 @@ def test_chat_streams_turns_and_ends_cleanly_on_ctrl_c(tmp_path):
     def controlling_terminal():  # the pty becomes the child's terminal: Ctrl-C -> SIGINT
         os.setsid()
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        # As a terminal's shell starts a program: SIGINT at its default. A background job of a
+        # non-interactive shell (`pytest ... &`) inherits SIGINT ignored, and Python then
+        # installs no KeyboardInterrupt handler, so Ctrl-C would do nothing.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     child = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(qa)],
