@@ -1,6 +1,6 @@
 """Does RL learn from its rewards? IGPO vs the start and vs a placebo, on paired held-out tasks.
 
-    python benchmarks/learning_check.py --seed 0          # sized for <= 30 min on 2 cores (see its time: line)
+    python benchmarks/learning_check.py --seed 0          # ~37 min on 2 idle cores (its time: line splits it)
     python benchmarks/learning_check.py --seed 1 --steps 10 --k 2 --output runs/lc1
 
 From the packaged warm start (`warm-start`, trainers/warm_start/README.md, or --policy):
