@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from trainers.models import build_tiny_causal_lm
+from trainers.modeling.models import build_tiny_causal_lm
 from trainers.sft.warmup import copy_task_batch, copy_task_loss
 
 

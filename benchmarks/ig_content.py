@@ -5,7 +5,7 @@
 
 For oracle trajectories (the scripted agent's searches and visits, tokenised with the
 policy's own chat template) on tasks of the policy's world, the first visit's IG is computed
-three ways (trainers.rewards `ig_baseline`):
+three ways (trainers.algorithms.rewards `ig_baseline`):
 
     question       s(after the visit) - s(question only)          (the paper)
     previous_turn  s(after the visit) - s(just before the visit)
@@ -35,15 +35,15 @@ from pathlib import Path
 
 import torch
 
+from trainers.algorithms.information_gain import InformationGainConfig, fast_probe_scores
+from trainers.algorithms.probes import build_probe_template, build_probes, encode_text
 from trainers.batch import collate, record_from_trajectory
 from trainers.data.oracle_data import (
     OracleDataConfig,
     generate_oracle_trajectories,
     tokenize_trajectories,
 )
-from trainers.information_gain import InformationGainConfig, fast_probe_scores
-from trainers.models import load_policy
-from trainers.probes import build_probe_template, build_probes, encode_text
+from trainers.modeling.models import load_policy
 
 DEMO_SFT = Path(__file__).resolve().parents[1] / "trainers" / "configs" / "demo_sft.yaml"
 VARIANTS = ("question", "previous_turn", "contrastive")

@@ -34,13 +34,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainers.information_gain import (  # noqa: E402
+from trainers.algorithms.information_gain import (  # noqa: E402
     InformationGainConfig,
     fast_probe_scores,
     reference_probe_scores,
 )
-from trainers.models import tiny_causal_lm  # noqa: E402
-from trainers.probes import ProbeTemplate  # noqa: E402
+from trainers.algorithms.probes import ProbeTemplate  # noqa: E402
+from trainers.modeling.models import tiny_causal_lm  # noqa: E402
 
 PRESETS = {
     "tiny": dict(arch="qwen3", vocab_size=1000, hidden_size=128, num_layers=2, num_heads=4,

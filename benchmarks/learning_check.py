@@ -10,7 +10,7 @@ From the packaged warm start (`warm-start`, trainers/warm_start/README.md, or --
    trajectory's advantages times a random sign: the same step sizes, clipping and KL, no
    signal; docs/algorithms.md);
 3. the start, the IGPO policy and the placebo policy each play the same held-out tasks with
-   the same sampling seeds (trainers.paired_eval): test-split tasks of the RL world and of
+   the same sampling seeds (trainers.evaluation.paired): test-split tasks of the RL world and of
    a validation world (--validation-world) that neither RL nor the warm start's SFT used
    (--num-tasks of each; 0 = all), --k samples per task at temperature 1.0;
 4. paired differences with task-clustered bootstrap SEs.
@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-    from trainers.packaged_policy import warm_start_info
-    from trainers.paired_eval import HeldOut, compare, comparison_lines, paired_evaluate
+    from trainers.evaluation.paired import HeldOut, compare, comparison_lines, paired_evaluate
+    from trainers.modeling.warm_start import warm_start_info
     from trainers.rl.config import load_rl_config
     from trainers.rl.driver import train
 

@@ -5,7 +5,7 @@
         [--config examples/configs/gpu_igpo_qwen3_0p5b.yaml] [--engine auto|hf|vllm]
         [--steps 2] [--async-steps 4] [--work runs/rl_step]
 
-The policy is built from a config (random weights: trainers.models.build_tiny_causal_lm with a
+The policy is built from a config (random weights: trainers.modeling.models.build_tiny_causal_lm with a
 tokenizer trained on the world's text), so nothing is downloaded: `--preset tiny` (hidden 64,
 2 layers) on the CPU, `qwen3_0p5b` (Qwen3 shape: hidden 1024, 28 layers, 16 query and 8
 key/value heads of 128, MLP 3072, tied embeddings; 0.46B parameters with a 16K vocabulary)
@@ -81,7 +81,7 @@ def cpu_config() -> Any:
 def build_policy(directory: Path, preset: str, env: Any) -> str:
     """A random Qwen3 of `preset` with a world-trained tokenizer, saved to `directory`."""
     from trainers.data.oracle_data import world_texts
-    from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
+    from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
 
     shape = dict(PRESETS[preset])
     if (directory / "config.json").is_file():
@@ -111,8 +111,12 @@ def every_turn_ig(model: Any, learner: Any, batch: Any, answers: list[list[str]]
     """[B, T] probe-score differences between consecutive boundaries (question first) of
     every turn, valid or not, scored by `model` (a random policy has no valid visit turn, so
     the IGPO reward's own IG turns would leave nothing to compare)."""
-    from trainers.information_gain import InformationGainConfig, boundary_positions, score_batch
-    from trainers.probes import build_probes
+    from trainers.algorithms.information_gain import (
+        InformationGainConfig,
+        boundary_positions,
+        score_batch,
+    )
+    from trainers.algorithms.probes import build_probes
 
     probes = [build_probes(learner.tokenizer, learner.probe_template, gold) for gold in answers]
     slots = boundary_positions(batch) >= 0
@@ -125,32 +129,34 @@ def every_turn_ig(model: Any, learner: Any, batch: Any, answers: list[list[str]]
 
 def phases(config: Any, device: str, steps: int) -> dict[str, float]:
     """Time the phases of `steps` in-process IGPO steps; the last step's numbers."""
-    from trainers.models import load_tokenizer
-    from trainers.rl.driver import score, step_jobs, sync_weights, to_batch, update
-    from trainers.rl.run_workers import start_workers
+    from trainers.modeling.models import load_tokenizer
+    from trainers.rl.cluster import start_workers
+    from trainers.rl.driver import ppo_update, step_jobs, to_batch
+    from trainers.rl.weight_sync import WeightSync
 
     algorithm = config.algorithm.build()
     tokenizer, _ = load_tokenizer(config.policy.path)
     workers = start_workers(config, algorithm)
-    learner = workers.learners.workers[0]  # in-process: the Learner object itself
+    learner = workers.learners.group.workers[0]  # in-process: the Learner object itself
+    sync = WeightSync(workers.learners, workers.rollouts)
     out: dict[str, float] = {}
     try:
-        sync_weights(workers, 0)
+        sync.push(0)
         num_tasks = workers.rollouts.call_first("num_tasks")
         for step in range(steps):
             jobs = step_jobs(config.run.seed, step, config.rollout.queries_per_step, num_tasks)
             results, rollout_s = timed(device, workers.rollouts.map, "rollout", jobs)
             batch, answers = to_batch(results, tokenizer.pad_token_id or 0)
             distractors = algorithm.probe_distractors(batch, answers)
-            scored, score_s = timed(device, score, workers.learners, batch, answers,
+            scored, score_s = timed(device, workers.learners.score, batch, answers,
                                     distractors)
             _, old_s = timed(device, learner._logprobs, learner.scorer, batch, False)
             rewards = algorithm.turn_rewards(scored)
             advantages = algorithm.advantages(scored, rewards)
             scored = scored.replace(advantages=advantages.tokens)
             before = copy.deepcopy(learner.scorer) if step == steps - 1 else None
-            _, update_s = timed(device, update, workers.learners, scored, config.learner)
-            _, sync_s = timed(device, sync_weights, workers, step + 1)
+            _, update_s = timed(device, ppo_update, workers.learners, scored, config.learner)
+            _, sync_s = timed(device, sync.push, step + 1)
             generated = sum(r.stats.generated_tokens for r in results)
             tokens = int(batch.attention_mask.sum()) * config.learner.ppo_epochs
             out = {"rollout": rollout_s, "score": score_s, "old_logprobs": old_s,

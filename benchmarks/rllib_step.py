@@ -86,7 +86,7 @@ def main() -> int:
     import ray
 
     from trainers.data.oracle_data import world_texts
-    from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
+    from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
 
     with tempfile.TemporaryDirectory(prefix="rllib-bench-") as scratch:
         policy = Path(scratch) / "policy"

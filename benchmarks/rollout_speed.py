@@ -48,11 +48,11 @@ import torch
 from envs.group import DeepResearchGroupEnv
 from trainers.engines.base import Engine, GenerationRequest, GenerationResult
 from trainers.engines.hf import DecodeRow, HFEngine
+from trainers.engines.sampling import forced_logprob
 from trainers.engines.scripted import ForcedHFEngine
-from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
+from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
+from trainers.modeling.tokenization import ChatTokenizer
 from trainers.rollout import RolloutStats, SamplingConfig, rollout_group
-from trainers.sampling import forced_logprob
-from trainers.tokenization import ChatTokenizer
 from venus_gym.worlds.oracle import OracleAgent
 
 

@@ -1,33 +1,10 @@
 """Environment ids this package registers with Gymnasium (registration is data).
 
-`import envs` registers them; `gym.make("envs:DeepResearch-v0")` imports the package for
-you. Registration lives here, next to the environment it points at, rather than in
-venus_gym: venus_gym (protocol, tools, worlds) must not depend on envs.
+The specs live in venus_gym.registration, so `import venus_gym` registers them too (lazily:
+the entry points are strings naming this package's classes). `import envs` registers them as
+well, and `gym.make("envs:DeepResearch-v0")` imports this package for you.
 """
 
-from __future__ import annotations
+from venus_gym.registration import ENV_SPECS, register_envs
 
-import gymnasium as gym
-
-ENV_SPECS: tuple[dict, ...] = (
-    {
-        "id": "DeepResearch-v0",
-        "entry_point": "envs.deep_research:DeepResearchEnv",
-        "kwargs": {},
-        "doc": "Embedded generated research world (offline, seeded; world_size pages).",
-    },
-    {
-        "id": "DeepResearch-HotpotQA-v0",
-        "entry_point": "envs.deep_research:DeepResearchEnv",
-        "kwargs": {"world": "hotpotqa", "reward_metric": "f1"},
-        "doc": "500 HotpotQA dev (distractor) questions over their own 4,931 paragraphs.",
-    },
-)
-
-
-def register_envs() -> None:
-    for spec in ENV_SPECS:
-        if spec["id"] in gym.registry:
-            continue
-        gym.register(id=spec["id"], entry_point=spec["entry_point"],
-                     kwargs=dict(spec["kwargs"]))
+__all__ = ["ENV_SPECS", "register_envs"]

@@ -3,7 +3,7 @@
     RAY_AUTH_MODE=disabled python examples/rllib_igpo.py --iterations 2
 
 Builds the generated world, a tokenizer trained on its text and a tiny Qwen3-shaped model
-(trainers.models), saves them as a policy directory, then trains with
+(trainers.modeling.models), saves them as a policy directory, then trains with
 `trainers.integrations.rllib.ppo_config` for `--iterations` RLlib iterations on
 `ray.init(num_cpus=2)`. Prints one line per iteration and, at the end,
 `RESULT rllib_iterations=N` with the last iteration's episode metrics: mean return, mean
@@ -29,7 +29,7 @@ def build_policy(directory: Path, env_kwargs: dict[str, Any], *, vocab_size: int
                  layers: int, seed: int) -> Path:
     """Save a tokenizer trained on the world's text and a random tiny model to `directory`."""
     from envs.deep_research import DeepResearchEnv
-    from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
+    from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
 
     env = DeepResearchEnv(**env_kwargs)
     texts = [env.system_prompt] + [f"{p.title}\n{p.text}" for p in env.world.corpus]

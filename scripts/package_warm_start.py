@@ -2,12 +2,12 @@
 
 Packages an SFT policy as venus-gym's `warm-start` (trainers/warm_start/): copies it,
 evaluates it on held-out tasks of worlds its SFT never saw and writes the model card
-(trainers.packaged_policy has the details and the options).
+(trainers.modeling.warm_start has the details and the options).
 """
 
 import sys
 
-from trainers.packaged_policy import main
+from trainers.modeling.warm_start import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

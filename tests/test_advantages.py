@@ -5,7 +5,9 @@ import math
 import pytest
 import torch
 
-from trainers.advantages import (
+from tests.helpers import synthetic_record
+from trainers.algorithms import IGPOConfig, make_algorithm
+from trainers.algorithms.advantages import (
     broadcast_turn_advantages,
     discounted_turn_advantages,
     group_zscore,
@@ -14,10 +16,8 @@ from trainers.advantages import (
     igpo_turn_advantages,
     rloo_advantages,
 )
-from trainers.algorithms import IGPOConfig, make_algorithm
+from trainers.algorithms.rewards import RewardConfig, TurnRole, turn_rewards
 from trainers.batch import collate
-from trainers.rewards import RewardConfig, TurnRole, turn_rewards
-from trainers.synthetic import synthetic_record
 
 
 def z(x, mean, var):

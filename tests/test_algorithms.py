@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from tests.helpers import synthetic_record
 from trainers.algorithms import (
     Advantages,
     Algorithm,
@@ -17,12 +18,12 @@ from trainers.algorithms import (
     placebo_signs,
     register_algorithm,
 )
+from trainers.algorithms.information_gain import score_batch
+from trainers.algorithms.losses import LossConfig
+from trainers.algorithms.probes import ProbeTemplate
 from trainers.batch import collate
-from trainers.information_gain import score_batch
-from trainers.losses import LossConfig, token_logprobs_and_entropy
-from trainers.models import tiny_causal_lm
-from trainers.probes import ProbeTemplate
-from trainers.synthetic import synthetic_record
+from trainers.modeling.logprobs import shifted_token_logprobs
+from trainers.modeling.models import tiny_causal_lm
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -122,7 +123,7 @@ def test_igpo_end_to_end_on_a_tiny_model():
     batch = batch.replace(advantages=advantages, ref_logprobs=batch.old_logprobs.clone())
 
     logits = model(batch.input_ids, attention_mask=batch.attention_mask.long()).logits
-    logprobs, entropy = token_logprobs_and_entropy(logits, batch.input_ids)
+    logprobs, entropy = shifted_token_logprobs(logits, batch.input_ids)
     loss, metrics = algorithm.loss(batch, logprobs, entropy)
     loss.backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

@@ -1,5 +1,6 @@
-"""`venus-gym chat` (trainers.chat) driven through a pseudo-terminal: a scripted question,
-a scripted policy, the turns printed as they come, Ctrl-C ending the program cleanly."""
+"""`venus-gym chat` (trainers.evaluation.chat) driven through a pseudo-terminal: a scripted
+question, a scripted engine, the turns printed as they come, Ctrl-C ending the program
+cleanly."""
 
 from __future__ import annotations
 
@@ -17,36 +18,28 @@ from pathlib import Path
 
 DRIVER = r'''
 import sys
-from trainers.chat import ChatSession, chat_loop
-from trainers.models import build_chatml_tokenizer
-from trainers.policy import GeneratedTurn
-from trainers.rollout import text_token_counter
+from trainers.engines.scripted import ScriptedEngine
+from trainers.evaluation.chat import ChatSession, chat_loop
+from trainers.modeling.models import build_chatml_tokenizer
+from trainers.rollout import SamplingConfig, text_token_counter
 from trainers.sft.pipeline import build_chat
 from venus_gym.corpus import World
 from venus_gym.worlds import load_world
 
-class Scripted:
-    """Searches, visits the first hit, answers Paris; each turn 'thinks' first."""
-    def __init__(self, chat):
-        self.chat = chat
-        self.turn = 0
-    def reset(self):
-        self.turn = 0
-    def generate_turn(self, prompt_ids):
-        self.turn += 1
-        if self.turn == 1:
-            text = '<think>I should search.</think>\n<tool_call>{"name": "search", "arguments": {"query": ["capital of France"]}}</tool_call>'
-        else:
-            text = "<think>The page says Paris.</think>\n<answer>Paris</answer>"
-        ids = self.chat.tokenizer.encode(text, add_special_tokens=False)
-        return GeneratedTurn(ids + [self.chat.end_of_turn_id], text, [0.0] * (len(ids) + 1))
+def respond(observations):
+    """Searches first, then answers Paris; each turn 'thinks' first."""
+    if len(observations) == 1:
+        return ('<think>I should search.</think>\n<tool_call>{"name": "search", "arguments": '
+                '{"query": ["capital of France"]}}</tool_call>')
+    return "<think>The page says Paris.</think>\n<answer>Paris</answer>"
 
 chat = build_chat(build_chatml_tokenizer(["capital of France Paris search answer think"] * 5,
                                          vocab_size=300))
 base = load_world(sys.argv[1])
 world = World(base.name, base.corpus, list(base.tasks))
-session = ChatSession(Scripted(chat), world, {"max_turns": 4,
-                                              "token_counter": text_token_counter(chat)})
+session = ChatSession(ScriptedEngine(chat.tokenizer, respond, chat.end_of_turn_id), chat, world,
+                      {"max_turns": 4, "token_counter": text_token_counter(chat)},
+                      SamplingConfig(max_turn_tokens=512, temperature=0.0))
 sys.exit(chat_loop(session))
 '''
 

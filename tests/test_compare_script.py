@@ -1,5 +1,4 @@
-"""trainers.rl.compare (examples/compare_igpo_grpo.py) reads a finished run back instead of
-training it again."""
+"""examples/compare_igpo_grpo.py reads a finished run back instead of training it again."""
 
 from __future__ import annotations
 
@@ -11,9 +10,13 @@ import pytest
 
 @pytest.fixture(scope="module")
 def compare():
-    from trainers.rl import compare
+    import importlib.util
 
-    return compare
+    path = Path(__file__).resolve().parents[1] / "examples" / "compare_igpo_grpo.py"
+    spec = importlib.util.spec_from_file_location("compare_igpo_grpo", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 CONFIG = {"policy": {"path": "runs/sft/final"}, "run": {"seed": 1, "steps": 5},

@@ -1,4 +1,4 @@
-"""Kept KV caches (trainers.kv_cache, HFEngine(kv_cache=True)): a conversation's next turn
+"""Kept KV caches (trainers.engines.kv_cache, HFEngine(kv_cache=True)): a conversation's next turn
 prefills only the ids its prompt adds, with the same ids and log-probs as re-encoding the
 whole conversation; prompts that do not extend a kept conversation fall back; caches are
 freed when episodes end, on new weights and beyond the cap."""
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from trainers.engines.base import GenerationRequest
+from trainers.engines.base import GenerationRequest, GenerationResult
 from trainers.engines.hf import HFEngine
-from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
+from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
 
 CORPUS = ["the mayor of the city by the river met the painter <tool_response> at noon"] * 30
 # Re-encoding and cached prefill sum attention in different orders: float32 rounding only.
@@ -164,9 +164,10 @@ def test_group_rollouts_are_the_same_with_and_without_kept_caches(tokenizer):
     """rollout_group through the real engine (oracle ids forced): identical trajectories,
     and every cache is freed when the group's episodes end."""
     from envs.group import DeepResearchGroupEnv
+    from tests.helpers import check_group
     from trainers.engines.scripted import ForcedHFEngine
-    from trainers.rollout import SamplingConfig, check_group, rollout_group
-    from trainers.tokenization import ChatTokenizer
+    from trainers.modeling.tokenization import ChatTokenizer
+    from trainers.rollout import SamplingConfig, rollout_group
     from venus_gym.worlds.oracle import OracleAgent
 
     group = DeepResearchGroupEnv(group_size=3, max_turns=4, world_size=300, world_seed=3)
@@ -186,9 +187,8 @@ def test_group_rollouts_are_the_same_with_and_without_kept_caches(tokenizer):
     for kv_cache in (True, False):
         engine = ForcedHFEngine(lm, chat.tokenizer, respond, chat.end_of_turn_id)
         engine.kv_cache = kv_cache
-        with pytest.warns(RuntimeWarning, match="no timeout"):
-            trajectories = rollout_group(engine, group, chat, seed=4,
-                                         sampling=SamplingConfig(max_turn_tokens=300))
+        trajectories = rollout_group(engine, group, chat, seed=4,
+                                     sampling=SamplingConfig(max_turn_tokens=300))
         check_group(trajectories, chat)
         assert engine.cached_conversations == 0
         runs.append((trajectories, engine.cache_stats))
@@ -203,11 +203,10 @@ def test_group_rollouts_are_the_same_with_and_without_kept_caches(tokenizer):
 
 
 def test_kv_cache_helpers_cut_by_slicing():
-    from trainers.kv_cache import (
+    from trainers.engines.kv_cache import (
         cache_from_rows,
         cache_rows,
         common_prefix_length,
-        crop_cache,
         reusable_prefix,
     )
 
@@ -219,13 +218,13 @@ def test_kv_cache_helpers_cut_by_slicing():
     assert reusable_prefix([5], [1, 2]) == 0
     keys = torch.arange(2 * 3 * 5 * 4, dtype=torch.float32).reshape(2, 3, 5, 4)
     cache = cache_from_rows([(keys, -keys)])
-    cropped = cache_rows(crop_cache(cache, 2))
-    assert torch.equal(cropped[0][0], keys[:, :, :2]) and torch.equal(cropped[0][1], -keys[:, :, :2])
-    assert cache.get_seq_length() == 5 and crop_cache(cache, 2).get_seq_length() == 2
+    rows = cache_rows(cache)
+    assert torch.equal(rows[0][0], keys) and torch.equal(rows[0][1], -keys)
+    assert cache.get_seq_length() == 5
 
 
 def test_reserved_cache_writes_in_place_and_grows_past_its_reserve():
-    from trainers.kv_cache import cache_from_rows, cache_rows, reserved_cache
+    from trainers.engines.kv_cache import cache_from_rows, cache_rows, reserved_cache
 
     keys = torch.randn(2, 3, 4, 5)
     cache = reserved_cache(cache_from_rows([(keys, keys + 1)]), 1)
@@ -238,23 +237,26 @@ def test_reserved_cache_writes_in_place_and_grows_past_its_reserve():
     assert cache.get_seq_length() == 7
 
 
-def test_the_policy_cuts_its_cache_back_for_a_retried_turn(model, tokenizer):
-    """TransformersPolicy shares the helpers: a prompt that leaves the cached ids (a retry
-    drops the discarded attempt) reuses the common prefix and matches a fresh policy."""
-    from trainers.policy import TransformersPolicy
-    from trainers.tokenization import ChatTokenizer
+def test_a_retried_turn_reuses_the_common_prefix_of_a_kept_cache(model, tokenizer):
+    """A retry sends the same prompt again after a discarded attempt, and a later prompt may
+    leave the kept ids: each reuses the common prefix and matches an engine without caches."""
+    from trainers.engines.hf import HFEngine
 
-    chat = ChatTokenizer(tokenizer)
-    policy = TransformersPolicy(model, chat, max_new_tokens=10)
+    engine, fresh = HFEngine(model, tokenizer), HFEngine(model, tokenizer, kv_cache=False)
     prompt = _openings(tokenizer)[1]
-    attempt = policy.generate_turn(prompt)
+
+    def turn(which: HFEngine, ids: list[int]) -> GenerationResult:
+        return which.generate([GenerationRequest(ids, max_new_tokens=10, temperature=0.0)])[0]
+
+    attempt = turn(engine, prompt)
     extended = prompt + attempt.token_ids + _reply(tokenizer, 0, 0)
-    for new in (extended, prompt + _reply(tokenizer, 1, 2), extended):
-        turn = policy.generate_turn(new)
-        assert policy._cached_ids == (new + turn.token_ids)[:len(policy._cached_ids)]
-        fresh = TransformersPolicy(model, chat, max_new_tokens=10).generate_turn(new)
-        assert turn.token_ids == fresh.token_ids
-        assert turn.logprobs == pytest.approx(fresh.logprobs, abs=TOLERANCE)
+    for new in (prompt, extended, prompt + _reply(tokenizer, 1, 2), extended):
+        reused = engine.cache_stats.reused_tokens
+        result = turn(engine, new)
+        assert engine.cache_stats.reused_tokens > reused  # some prefix came from a kept cache
+        expected = turn(fresh, new)
+        assert result.token_ids == expected.token_ids
+        assert result.logprobs == pytest.approx(expected.logprobs, abs=TOLERANCE)
 
 
 @pytest.mark.parametrize("arch,shape", [("qwen3", {}), ("llama", {"kv_heads": 1}),
@@ -262,10 +264,10 @@ def test_the_policy_cuts_its_cache_back_for_a_retried_turn(model, tokenizer):
                          ids=["qwen3", "llama-gqa", "qwen2-bias-gqa"])
 def test_lean_decode_gives_the_ids_and_logprobs_of_the_transformers_forward(tokenizer, arch,
                                                                             shape):
-    """trainers.lean_decode runs the decode steps (the model's forward only prefills);
+    """trainers.engines.lean_decode runs the decode steps (the model's forward only prefills);
     three rows of different lengths, stopping after different numbers of tokens (finished
     rows are fed padding), over several turns of kept caches."""
-    from trainers.lean_decode import lean_decode_supported
+    from trainers.engines.lean_decode import lean_decode_supported
 
     lm = build_tiny_causal_lm(tokenizer, arch=arch, hidden=64, layers=2, seed=0,
                               initializer_range=0.3, **shape)
@@ -292,7 +294,7 @@ def test_lean_decode_gives_the_ids_and_logprobs_of_the_transformers_forward(toke
 
 
 def test_lean_decode_is_refused_for_sliding_window_layers(tokenizer):
-    from trainers.lean_decode import lean_decode_supported
+    from trainers.engines.lean_decode import lean_decode_supported
 
     lm = build_tiny_causal_lm(tokenizer, arch="qwen2", hidden=64, layers=2, seed=0,
                               use_sliding_window=True, sliding_window=4,
@@ -303,7 +305,7 @@ def test_lean_decode_is_refused_for_sliding_window_layers(tokenizer):
 
 
 def test_batched_log_probs_equal_the_per_row_ones_bit_for_bit():
-    from trainers.sampling import batch_log_probs, sample_token
+    from trainers.engines.sampling import batch_log_probs, sample_token
 
     logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(0)) * 5
     temperatures = [0.0, 1.0, 0.8, 0.37]

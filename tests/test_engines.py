@@ -19,7 +19,7 @@ from trainers.engines.base import (
 )
 from trainers.engines.hf import HFEngine
 from trainers.engines.openai_http import EngineReplyError, OpenAIHTTPEngine
-from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
+from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
 
 CORPUS = ["the mayor of the city by the river met the painter <tool_response> at noon"] * 30
 
@@ -76,31 +76,22 @@ def test_logprobs_are_the_tempered_model_logprobs_of_the_sampled_ids(engine, tok
         assert result.logprobs == pytest.approx(expected, abs=1e-5)
 
 
-def test_the_engine_and_the_single_conversation_policy_sample_alike(engine, tokenizer):
-    """One sampling rule (trainers.sampling): for the same model, prompt, settings and seed,
-    the batched engine and TransformersPolicy pick the same ids with the same log-probs,
-    greedy and sampled."""
-    from trainers.policy import TransformersPolicy
-    from trainers.tokenization import ChatTokenizer
-
-    chat = ChatTokenizer(tokenizer)
+def test_presence_penalty_changes_the_engines_picks_not_the_reported_logprobs(engine,
+                                                                             tokenizer):
+    """A large presence penalty never lets a greedy turn repeat an id it generated; the
+    reported log-probs stay those of the unpenalised distribution at the chosen ids."""
     prompt = _prompts(tokenizer)[2]
-    for settings in ({"temperature": 0.0}, {"temperature": 1.3, "top_p": 0.9, "top_k": 20},
-                     {"temperature": 0.7}):
-        policy = TransformersPolicy(engine.model, chat, max_new_tokens=14, seed=5, **settings)
-        turn = policy.generate_turn(prompt)
-        result = engine.generate([GenerationRequest(
-            prompt, max_new_tokens=14, stop_token_ids=[chat.end_of_turn_id],
-            banned_token_ids=policy.banned_ids, seed=5, **settings)])[0]
-        assert turn.token_ids == result.token_ids
-        assert turn.logprobs == pytest.approx(result.logprobs, abs=1e-5)
-        expected = _reference_logprobs(engine.model, prompt, result.token_ids,
-                                       settings["temperature"])
-        assert turn.logprobs == pytest.approx(expected, abs=1e-5)  # logits / temperature
+    plain, penalised = engine.generate([
+        GenerationRequest(prompt, max_new_tokens=14, temperature=0.0),
+        GenerationRequest(prompt, max_new_tokens=14, temperature=0.0, presence_penalty=1e4)])
+    assert len(set(penalised.token_ids)) == len(penalised.token_ids)
+    assert len(set(plain.token_ids)) < len(plain.token_ids)  # the prompt's model repeats
+    expected = _reference_logprobs(engine.model, prompt, penalised.token_ids, 0.0)
+    assert penalised.logprobs == pytest.approx(expected, abs=1e-5)
 
 
 def test_sample_token_top_p_drops_a_token_once_the_tokens_before_it_cover_top_p():
-    from trainers.sampling import sample_token
+    from trainers.engines.sampling import sample_token
 
     logits = torch.tensor([2.0, 1.0, 1.0]).log()  # probabilities 0.5, 0.25, 0.25
 

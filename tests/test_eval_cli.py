@@ -1,4 +1,4 @@
-"""`venus-gym eval` (trainers.eval_run, trainers.eval_report, trainers.eval_stats): the
+"""`venus-gym eval` (trainers.evaluation.run, trainers.evaluation.report, trainers.evaluation.stats): the
 statistics against hand-computed values, the four output files, resuming after an
 interruption, the LLM judge and an endpoint policy against local stand-in servers."""
 
@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from trainers.cli import main as cli_main
-from trainers.eval_report import summarize
-from trainers.eval_run import EvalRunConfig, read_finished, run_eval
-from trainers.eval_stats import bootstrap_se, mean_pass_at_k, pass_at_k
-from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
-from trainers.policy import GeneratedTurn, TransformersPolicy
-from trainers.sampling import sample_token
+from trainers.engines.base import Engine, GenerationResult
+from trainers.engines.sampling import sample_token
+from trainers.evaluation.report import summarize
+from trainers.evaluation.run import EvalRunConfig, read_finished, run_eval
+from trainers.evaluation.stats import bootstrap_se, mean_pass_at_k, pass_at_k
+from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
 from trainers.sft.pipeline import build_chat
 from trainers.trajectory import Trajectory, Turn
 
@@ -109,26 +109,30 @@ def tiny_chat():
         vocab_size=400))
 
 
-class Scripted(TransformersPolicy):
-    """Answers each task's gold answer or "Nowhere", by a coin of the (re-seeded) generator;
-    raises KeyboardInterrupt at call `stop_at` (an interrupted evaluation)."""
+class Scripted(Engine):
+    """Answers each task's gold answer or "Nowhere", by a coin seeded with the request's
+    seed; raises KeyboardInterrupt at request `stop_at` (an interrupted evaluation)."""
 
     def __init__(self, chat, stop_at: int | None = None):
-        super().__init__(build_tiny_causal_lm(chat.tokenizer, hidden=32, layers=1, heads=1),
-                         chat)
+        self.chat = chat
         self.calls = 0
         self.stop_at = stop_at
 
-    def generate_turn(self, prompt_ids):
-        self.calls += 1
-        if self.stop_at is not None and self.calls == self.stop_at:
-            raise KeyboardInterrupt
-        prompt = self.chat.tokenizer.decode(list(prompt_ids))
-        gold = next(a for q, a in QA if q in prompt)
-        answer = gold if torch.rand(1, generator=self.generator).item() < 0.5 else "Nowhere"
-        text = f"<think>I know it.</think>\n<answer>{answer}</answer>"
-        ids = self.chat.tokenizer.encode(text, add_special_tokens=False)
-        return GeneratedTurn(ids + [self.chat.end_of_turn_id], text, [0.0] * (len(ids) + 1))
+    def generate(self, requests):
+        results = []
+        for request in requests:
+            self.calls += 1
+            if self.stop_at is not None and self.calls == self.stop_at:
+                raise KeyboardInterrupt
+            prompt = self.chat.tokenizer.decode(list(request.prompt_ids))
+            gold = next(a for q, a in QA if q in prompt)
+            coin = torch.Generator().manual_seed(request.seed)
+            answer = gold if torch.rand(1, generator=coin).item() < 0.5 else "Nowhere"
+            text = f"<think>I know it.</think>\n<answer>{answer}</answer>"
+            ids = self.chat.tokenizer.encode(text, add_special_tokens=False)
+            ids.append(self.chat.end_of_turn_id)
+            results.append(GenerationResult(ids, [0.0] * len(ids), "stop"))
+        return results
 
 
 def config(tmp_path, out: str, **overrides) -> EvalRunConfig:

@@ -1,4 +1,4 @@
-"""An evaluation run (trainers.evaluation.evaluate with a scripted engine) on the web
+"""An evaluation run (trainers.evaluation.evaluate.evaluate with a scripted engine) on the web
 backend: recorded against a fake web on 127.0.0.1, then replayed without it, token for
 token."""
 
@@ -7,18 +7,15 @@ from __future__ import annotations
 import json
 import re
 
-import pytest
-
 from tests.web_fixtures import FakeWeb, country_page
 from trainers.engines.scripted import ScriptedEngine
-from trainers.evaluation import evaluate
-from trainers.models import build_chatml_tokenizer
+from trainers.evaluation.evaluate import evaluate
+from trainers.modeling.models import build_chatml_tokenizer
+from trainers.modeling.tokenization import ChatTokenizer
 from trainers.rollout import text_token_counter
-from trainers.tokenization import ChatTokenizer
 
 LINK = re.compile(r"\]\((http[^)\s]+)\)")
 CAPITAL = re.compile(r"is (City\d+ville)")
-pytestmark = pytest.mark.filterwarnings("ignore:the group env's tools have no timeout")
 
 
 def respond(observations: list[str]) -> str:

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import torch
 
+from tests.helpers import synthetic_record
 from trainers.batch import BatchValidationError, TrajectoryRecord, TurnKind, collate
-from trainers.synthetic import synthetic_record
 
 
 def record(**changes):

@@ -8,9 +8,9 @@ within 1e-4.
 import pytest
 import torch
 
-import trainers.information_gain as information_gain
-from trainers.batch import collate
-from trainers.information_gain import (
+import trainers.algorithms.information_gain as information_gain
+from tests.helpers import TurnSpec, synthetic_record
+from trainers.algorithms.information_gain import (
     InformationGainConfig,
     best_answer_scores,
     boundary_positions,
@@ -19,11 +19,11 @@ from trainers.information_gain import (
     reference_probe_scores,
     score_batch,
 )
-from trainers.models import tiny_causal_lm
-from trainers.packed_attention import BLOCKSPARSE, packed_probe_attention, plan_chunks
-from trainers.probes import ProbeTemplate
-from trainers.rewards import RewardConfig, probe_slots, turn_rewards
-from trainers.synthetic import TurnSpec, synthetic_record
+from trainers.algorithms.packed_attention import BLOCKSPARSE, packed_probe_attention, plan_chunks
+from trainers.algorithms.probes import ProbeTemplate
+from trainers.algorithms.rewards import RewardConfig, probe_slots, turn_rewards
+from trainers.batch import collate
+from trainers.modeling.models import tiny_causal_lm
 
 VOCAB = 300
 TOLERANCE = 1e-4

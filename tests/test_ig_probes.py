@@ -2,8 +2,7 @@
 
 import pytest
 
-from trainers.models import tiny_tokenizer
-from trainers.probes import (
+from trainers.algorithms.probes import (
     CHATML_THINKING_GENERATION_PROMPT,
     PROBE_PREFIX_TEXT,
     PROBE_SUFFIX_TEXT,
@@ -14,6 +13,7 @@ from trainers.probes import (
     encode_text,
     tokenisation_drift,
 )
+from trainers.modeling.models import tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from trainers.batch import collate
-from trainers.rewards import (
+from tests.helpers import synthetic_record
+from trainers.algorithms.rewards import (
     RewardConfig,
     TurnRole,
     distractor_answers,
@@ -16,7 +16,7 @@ from trainers.rewards import (
     turn_reward_metrics,
     turn_rewards,
 )
-from trainers.synthetic import synthetic_record
+from trainers.batch import collate
 
 C, G, P, OUT = (int(r) for r in (TurnRole.CARRIER, TurnRole.INFO_GAIN, TurnRole.PENALTY,
                                TurnRole.OUTCOME))

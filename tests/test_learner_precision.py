@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import synthetic_record
 from trainers.batch import collate
-from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm, load_policy
+from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm, load_policy
 from trainers.rl.config import AlgorithmSettings, RLConfig
-from trainers.rl.workers import Learner, LossTotals, policy_rows
-from trainers.synthetic import synthetic_record
+from trainers.rl.learner import Learner, LossTotals, policy_rows
 
 pytest.importorskip("peft")  # the `lora` extra; `make test` installs it
 

@@ -5,14 +5,14 @@ import math
 import pytest
 import torch
 
-from trainers.losses import (
+from trainers.algorithms.losses import (
     LossConfig,
     aggregate,
     kl_k3,
     ppo_loss,
-    token_logprobs_and_entropy,
     turn_token_weights,
 )
+from trainers.modeling.logprobs import shifted_token_logprobs
 
 NO_KL = LossConfig(kl_coef=0.0)
 
@@ -139,9 +139,9 @@ def test_turn_weight_cap_hand_numbers():
 
 
 def test_algorithm_loss_applies_the_turn_weight_cap():
+    from tests.helpers import synthetic_record
     from trainers.algorithms import IGPOConfig, make_algorithm
     from trainers.batch import collate
-    from trainers.synthetic import synthetic_record
 
     batch = collate([synthetic_record([("search", 2), ("invalid", 6, 4, False), ("answer", 2)])])
     advantages = torch.where(batch.loss_mask, 1.0, 0.0)
@@ -165,10 +165,10 @@ def test_entropy_bonus_and_metric():
         ppo_loss(logp, old, adv, mask, LossConfig(kl_coef=0.0, entropy_coef=0.1))
 
 
-def test_token_logprobs_and_entropy_alignment():
+def test_shifted_token_logprobs_alignment():
     logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25], [0.1, 0.1, 0.8], [1 / 3] * 3]]))
     ids = torch.tensor([[0, 1, 2]])
-    logprobs, entropy = token_logprobs_and_entropy(logits, ids)
+    logprobs, entropy = shifted_token_logprobs(logits, ids)
     # token 1 is predicted by position 0, token 2 by position 1
     assert logprobs[0].tolist() == pytest.approx([0.0, math.log(0.25), math.log(0.8)], abs=1e-6)
     h0 = -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25))

@@ -22,8 +22,8 @@ from trainers.data.oracle_data import (
     turn_histogram,
     world_texts,
 )
-from trainers.models import build_chatml_tokenizer
-from trainers.tokenization import ChatTokenizer
+from trainers.modeling.models import build_chatml_tokenizer
+from trainers.modeling.tokenization import ChatTokenizer
 from trainers.trajectory import check_invariants
 
 ENV = {"world_size": 300, "world_seed": 0, "hops": (1, 2, 3, 4), "search_top_k": 3}

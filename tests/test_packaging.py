@@ -89,7 +89,7 @@ from trainers.cli import build_parser
 from trainers.pipeline import DEFAULT_RL_CONFIG, DEFAULT_SFT_CONFIG
 from trainers.rl.config import load_rl_config
 from trainers.sft.config import load_config
-from trainers.models import resolve_model_path
+from trainers.modeling.models import resolve_model_path
 demo = build_parser().parse_args(["demo"])
 env = gym.make("DeepResearch-HotpotQA-v0").unwrapped
 print(json.dumps({"package": trainers.__file__, "envs": envs.__file__,

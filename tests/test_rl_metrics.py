@@ -1,4 +1,4 @@
-"""Tests for trainers.rl.metrics, trainers.evaluation and trainers.rl.report.
+"""Tests for trainers.run_log, trainers.evaluation.evaluate and trainers.evaluation.training_report.
 
 Expected numbers are computed by hand from small hand-built trajectories (the comments show
 the arithmetic); the evaluation test drives the real rollout with a scripted engine whose
@@ -18,15 +18,16 @@ from typing import Any
 import pytest
 
 from envs.group import DeepResearchGroupEnv
+from tests.helpers import check_group
 from trainers.engines.base import Engine, GenerationRequest, GenerationResult
 from trainers.engines.scripted import chatml_user_messages
-from trainers.evaluation import Evaluation
-from trainers.evaluation import evaluate as evaluate_engine
-from trainers.models import build_chatml_tokenizer
-from trainers.rl.metrics import MetricsLogger, read_metrics, trajectory_stats
-from trainers.rl.report import write_report
-from trainers.rollout import check_group
-from trainers.tokenization import ChatTokenizer
+from trainers.evaluation.evaluate import Evaluation
+from trainers.evaluation.evaluate import evaluate as evaluate_engine
+from trainers.evaluation.metrics import trajectory_stats
+from trainers.evaluation.training_report import write_report
+from trainers.modeling.models import build_chatml_tokenizer
+from trainers.modeling.tokenization import ChatTokenizer
+from trainers.run_log import MetricsLogger, read_metrics
 from trainers.trajectory import Trajectory, Turn, read_trajectories
 from venus_gym.protocol import (
     format_answer_turn,
@@ -287,7 +288,6 @@ def eval_setup() -> tuple[ChatTokenizer, list[Any]]:
     return ChatTokenizer(build_chatml_tokenizer(texts, vocab_size=400)), tasks
 
 
-@pytest.mark.filterwarnings("ignore:the group env's tools have no timeout")
 def test_evaluate_engine_pass_at_1_and_k(eval_setup) -> None:
     chat, tasks = eval_setup
     engine = ScriptByMember(chat, tasks)
@@ -308,7 +308,6 @@ def test_evaluate_engine_pass_at_1_and_k(eval_setup) -> None:
     assert summary["browse_ratio"] == 0.0  # searches only
 
 
-@pytest.mark.filterwarnings("ignore:the group env's tools have no timeout")
 def test_evaluate_engine_greedy_single_sample(eval_setup) -> None:
     chat, tasks = eval_setup
     engine = ScriptByMember(chat, tasks)

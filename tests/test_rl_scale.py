@@ -14,11 +14,11 @@ import torch
 
 from tests import test_rl_driver
 from tests.test_rl_driver import same_weights, small_config
+from trainers.algorithms.losses import aggregate
 from trainers.batch import collate, record_from_trajectory
-from trainers.losses import aggregate
-from trainers.models import load_policy
+from trainers.modeling.logprobs import policy_token_logprobs
+from trainers.modeling.models import load_policy
 from trainers.rl.driver import groups_needed, train
-from trainers.rl.workers import policy_token_logprobs
 
 policy_dir = test_rl_driver.policy_dir  # the module-scoped fixture: a tiny random policy
 

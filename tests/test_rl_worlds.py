@@ -28,7 +28,7 @@ from trainers.algorithms import GRPO, make_algorithm
 from trainers.cli import main as cli_main
 from trainers.data.oracle_data import world_texts
 from trainers.engines.scripted import chatml_user_messages
-from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm, load_tokenizer
+from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm, load_tokenizer
 from trainers.rl.config import RLConfig
 from trainers.rl.driver import train
 from venus_gym.tools.index import LocalSearchIndex
@@ -38,7 +38,6 @@ from venus_gym.worlds import load_world
 MUSIQUE = Path(__file__).parent / "data" / "musique_ans_dev_20.jsonl"
 LINK = re.compile(r"\]\((http[^\s]+?)\)(?:\s|$)")
 CAPITAL = re.compile(r"is (City\d+ville)")
-pytestmark = pytest.mark.filterwarnings("ignore:the group env's tools have no timeout")
 
 
 def call(name: str, **arguments) -> str:
@@ -112,7 +111,7 @@ def search_replies(result) -> list[str]:
 
 def assert_finite(result) -> None:
     """The update's numbers are finite (some diagnostics are NaN by design when their subset
-    is empty, e.g. browse_ratio_correct with no correct answer: trainers.rl.metrics)."""
+    is empty, e.g. browse_ratio_correct with no correct answer: trainers.run_log)."""
     assert len(result.history) == 2
     for metrics in result.history:
         for key in ("policy_loss", "grad_norm", "entropy", "kl", "reward", "lr",
@@ -205,7 +204,7 @@ def test_rl_step_on_the_web_backend_replays_a_recorded_cache(tmp_path, policy_di
 
 
 def test_search_service_serves_the_configured_world():
-    from trainers.rl.workers import SearchService
+    from trainers.rl.rollout_worker import SearchService
 
     config = RLConfig()
     config.env = dataclasses.replace(config.env, world="hotpotqa")
@@ -369,7 +368,7 @@ def test_sft_world_tokenizer_learns_the_configured_world(monkeypatch):
 def test_eval_world_flag_is_the_benchmark_option():
     import argparse
 
-    from trainers.eval_run import add_arguments, benchmark_env_kwargs, config_from_args
+    from trainers.evaluation.run import add_arguments, benchmark_env_kwargs, config_from_args
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationW
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory):
     from envs.deep_research import DeepResearchEnv
-    from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
+    from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
 
     env = DeepResearchEnv(**ENV)
     texts = [env.system_prompt] + [f"{p.title}\n{p.text}" for p in env.world.corpus]
@@ -104,7 +104,7 @@ def _check_learner_logps(module, episode):
 def test_rllib_episodes_carry_the_project_rollouts_ids_and_masks(policy_dir, ray_session):
     from envs.group import DeepResearchGroupEnv
     from trainers.engines.hf import HFEngine
-    from trainers.models import load_causal_lm, load_tokenizer
+    from trainers.modeling.models import load_causal_lm, load_tokenizer
     from trainers.rollout import SamplingConfig, rollout_group, text_token_counter
 
     algo = _config(policy_dir, temperature=0.0).build_algo()

@@ -10,25 +10,24 @@ from typing import Any
 import pytest
 
 from envs.group import DeepResearchGroupEnv
+from tests.helpers import check_group
 from trainers.engines.hf import HFEngine
 from trainers.engines.scripted import ForcedHFEngine, ScriptedEngine, chatml_user_messages
-from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
+from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
+from trainers.modeling.tokenization import ChatTokenizer
 from trainers.rollout import (
     RolloutStats,
     SamplingConfig,
     banned_control_ids,
-    check_group,
     rollout_group,
     text_token_counter,
 )
-from trainers.tokenization import ChatTokenizer
 from venus_gym.protocol import FORCED_FINAL_NOTICE
 from venus_gym.tools.base import ToolBackendError
 from venus_gym.worlds.oracle import OracleAgent
 
 WORLD = {"world_size": 300, "world_seed": 3}
 # Local tools cannot hang; the warning is tested once below.
-pytestmark = pytest.mark.filterwarnings("ignore:the group env's tools have no timeout")
 
 
 @pytest.fixture(scope="module")
@@ -219,11 +218,22 @@ def test_stuck_or_crashing_tool_backend_cannot_hang_the_rollout(chat, kind):
     assert group.all_done
 
 
-def test_rollout_warns_without_tool_timeout_and_helpers_work(chat):
+def test_rollout_warns_without_tool_timeout_for_plugin_tools_and_helpers_work(chat):
+    import warnings
+
+    from trainers.rollout import RolloutCancelled
+
     group = DeepResearchGroupEnv(group_size=1, max_turns=2, **WORLD)
     engine = ScriptedEngine(chat.tokenizer, oracle_respond(group), chat.end_of_turn_id)
-    with pytest.warns(RuntimeWarning, match="no timeout"):
+    with warnings.catch_warnings():  # the world's own tools cannot hang: no warning
+        warnings.simplefilter("error")
         check_group(rollout_group(engine, group, chat, seed=0), chat)
+    # A plug-in tool may hang: without tool_timeout_s the rollout says so (remote search and
+    # summarizer backends get a 30 s default from the env).
+    plugged = DeepResearchGroupEnv(group_size=1, max_turns=2, extra_tools=["calculator"],
+                                   **WORLD)
+    with pytest.warns(RuntimeWarning, match="no timeout"), pytest.raises(RolloutCancelled):
+        rollout_group(engine, plugged, chat, seed=0, should_stop=lambda: True)
     assert chatml_user_messages("<|im_start|>user\nhi<|im_end|>\n<|im_start|>user\nyo<|im_end|>"
                                 ) == ["hi", "yo"]
     assert chat.end_of_turn_id not in banned_control_ids(chat)

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
+from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
 from trainers.sft.config import DataConfig, SFTExperimentConfig, TrainConfig
 from trainers.sft.packing import SFTSample
 from trainers.sft.trainer import SFTTrainer

@@ -106,11 +106,12 @@ def test_sampled_evaluation_pools_seeds_and_reports_each(tmp_path, monkeypatch):
     evaluations = []
     original = recipe.evaluate
 
-    def spy(policy, chat, env_kwargs, num_tasks, seeds, max_retries, progress):
+    def spy(engine, chat, env_kwargs, num_tasks, seeds, sampling, max_retries, progress):
         assert max_retries == 1  # eval.retries reaches the evaluation
         assert tuple(seeds) == (3, 4)
-        evaluation = original(policy, chat, env_kwargs, num_tasks=num_tasks, seeds=seeds,
-                              max_retries=max_retries, progress=False)
+        assert sampling.temperature == 1.0 and sampling.max_turn_tokens == 12
+        evaluation = original(engine, chat, env_kwargs, num_tasks=num_tasks, seeds=seeds,
+                              sampling=sampling, max_retries=max_retries, progress=False)
         evaluations.append(evaluation)
         return evaluation
 

@@ -1,6 +1,6 @@
 """It learns: a tiny model trained for ~1 minute on oracle data writes format-valid first
-turns on held-out tasks, which the same model untrained never does (issue 3, item 6, the
-test-suite version; the full recipe is `venus-gym sft`, trainers/sft/recipe.py)."""
+turns on held-out tasks, which the same model untrained never does (the test-suite
+version; the full recipe is `venus-gym sft`, trainers/sft/recipe.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import time
 import pytest
 import torch
 
-from trainers.evaluation import evaluate
-from trainers.policy import TransformersPolicy
+from trainers.engines.hf import HFEngine
+from trainers.evaluation.evaluate import evaluate
+from trainers.rollout import SamplingConfig
 from trainers.sft.config import SFTExperimentConfig, from_dict
 from trainers.sft.pipeline import build_chat, build_model, build_samples, build_tokenizer
 from trainers.sft.trainer import SFTTrainer
@@ -27,9 +28,10 @@ FIRST_TURN_VALID_THRESHOLD = 0.5
 
 
 def first_turn_valid_rate(model, chat, env_kwargs) -> float:
-    policy = TransformersPolicy(model, chat, max_new_tokens=160)
+    engine = HFEngine(model, chat.tokenizer)
     # max_turns=1: the first turn, then the forced-final-answer turn (not counted here).
-    evaluation = evaluate(policy, chat, {**env_kwargs, "max_turns": 1}, num_tasks=EVAL_TASKS)
+    evaluation = evaluate(engine, chat, {**env_kwargs, "max_turns": 1}, num_tasks=EVAL_TASKS,
+                          sampling=SamplingConfig(max_turn_tokens=160, temperature=0.0))
     return sum(t.turns[0].valid for t in evaluation.trajectories) / len(evaluation.trajectories)
 
 
@@ -58,7 +60,7 @@ def test_induction_warmup_teaches_a_tiny_model_to_copy_from_anywhere_in_its_cont
     """After the warm-up the model copies chunks of an unseen random sequence that come back
     in a shuffled order (so no fixed offset works: it must find the earlier occurrence of
     the current token) far better than chance and than before the warm-up."""
-    from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
+    from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
     from trainers.sft.warmup import copy_task_batch, copy_task_loss, induction_warmup
 
     tokenizer = build_chatml_tokenizer(["alpha beta gamma delta"] * 20, vocab_size=300)
@@ -87,7 +89,7 @@ def test_induction_warmup_teaches_a_tiny_model_to_copy_from_anywhere_in_its_cont
 
 
 def test_induction_warmup_that_misses_its_target_stops_the_run_with_advice():
-    from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
+    from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
     from trainers.sft.warmup import InductionWarmupError, induction_warmup
 
     tokenizer = build_chatml_tokenizer(["alpha beta gamma delta"] * 20, vocab_size=300)

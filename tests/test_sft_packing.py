@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm
+from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
 from trainers.sft.packing import (
     IGNORE_INDEX,
     SFTSample,

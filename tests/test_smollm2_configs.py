@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainers.models import ModelNotAvailableError, load_policy, smollm2_gguf_path
+from trainers.modeling.models import ModelNotAvailableError, load_policy, smollm2_gguf_path
 from trainers.rl.config import load_rl_config
 from trainers.sft.config import load_config
 

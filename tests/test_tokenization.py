@@ -1,5 +1,5 @@
-"""Tests for trainers.tokenization (exact chat-template masks, token in / token out) and
-trainers.models (local ChatML tokenizer, tiny models, SmolLM2 loading).
+"""Tests for trainers.modeling.tokenization (exact chat-template masks, token in / token out) and
+trainers.modeling.models (local ChatML tokenizer, tiny models, SmolLM2 loading).
 
 Oracles: expected ids are assembled from separately encoded pieces, and masked tokens are
 decoded and compared with the message text. Decoding happens only here, in the tests; the
@@ -18,8 +18,8 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from trainers import models as models_module
-from trainers.models import (
+import trainers.modeling.models as models_module
+from trainers.modeling.models import (
     IM_END_TOKEN,
     IM_START_TOKEN,
     PAD_TOKEN,
@@ -30,7 +30,7 @@ from trainers.models import (
     build_tiny_causal_lm,
     load_smollm2,
 )
-from trainers.tokenization import (
+from trainers.modeling.tokenization import (
     CHATML_TEMPLATE,
     ChatTokenizationError,
     ChatTokenizer,

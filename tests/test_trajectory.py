@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from trainers.batch import TurnKind
-from trainers.models import build_chatml_tokenizer
-from trainers.tokenization import ChatTokenizer, ConversationBuilder
+from trainers.modeling.models import build_chatml_tokenizer
+from trainers.modeling.tokenization import ChatTokenizer, ConversationBuilder
 from trainers.trajectory import (
     TURN_KINDS,
     Trajectory,

@@ -17,9 +17,9 @@ from trainers.integrations.trl import (  # noqa: E402
     task_dataset,
     trl_fields,
 )
-from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm  # noqa: E402
+from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm  # noqa: E402
+from trainers.modeling.tokenization import ChatTokenizer  # noqa: E402
 from trainers.rollout import SamplingConfig  # noqa: E402
-from trainers.tokenization import ChatTokenizer  # noqa: E402
 
 ENV = {"world_size": 100, "world_seed": 1, "max_turns": 2, "tool_timeout_s": 5.0}
 pytestmark = [pytest.mark.slow,

@@ -1,4 +1,4 @@
-"""`venus-gym view` (trainers.viewer): the page's data, its escaping, and the page itself in a
+"""`venus-gym view` (trainers.evaluation.viewer): the page's data, its escaping, and the page itself in a
 real headless Chromium (loads without console errors, lists the right number of
 trajectories, filters through the URL hash, never runs markup found in a trajectory)."""
 
@@ -13,8 +13,8 @@ import subprocess
 import pytest
 
 from trainers.cli import main as cli_main
+from trainers.evaluation.viewer import embedded_json, split_turn, view_item, write_viewer
 from trainers.trajectory import Trajectory, Turn, write_trajectories
-from trainers.viewer import embedded_json, split_turn, view_item, write_viewer
 
 XSS = ('</script><script>document.body.dataset.pwned="1"</script>'
        '<img src=x onerror="document.body.dataset.pwned=\'1\'">')

@@ -10,9 +10,9 @@ import pytest
 import torch
 import yaml
 
-import trainers.models
+import trainers.modeling.models
 from trainers.data.oracle_data import world_texts
-from trainers.models import (
+from trainers.modeling.models import (
     WARM_START,
     build_chatml_tokenizer,
     build_tiny_causal_lm,
@@ -20,7 +20,7 @@ from trainers.models import (
     resolve_model_path,
     warm_start_dir,
 )
-from trainers.packaged_policy import MAX_MODEL_BYTES, copy_policy, package, warm_start_info
+from trainers.modeling.warm_start import MAX_MODEL_BYTES, copy_policy, package, warm_start_info
 
 WORLD = {"world_size": 300, "hops": [1], "search_top_k": 2}
 
@@ -48,7 +48,7 @@ def sft_config(tmp_path) -> str:
 def test_other_paths_pass_through_and_an_empty_package_says_how_to_fill_it(tmp_path,
                                                                            monkeypatch):
     assert str(resolve_model_path("runs/x/final")) == "runs/x/final"
-    monkeypatch.setattr(trainers.models, "warm_start_dir", lambda: tmp_path)
+    monkeypatch.setattr(trainers.modeling.models, "warm_start_dir", lambda: tmp_path)
     with pytest.raises(FileNotFoundError, match="package_warm_start.py"):
         load_policy(WARM_START)
 
@@ -77,7 +77,7 @@ def test_package_copies_evaluates_and_describes_the_policy(policy_dir, sft_confi
     assert json.loads((dest / "warm_start.json").read_text()) == info
 
     # `warm-start` now loads the copy, with the source's weights
-    monkeypatch.setattr(trainers.models, "warm_start_dir", lambda: dest)
+    monkeypatch.setattr(trainers.modeling.models, "warm_start_dir", lambda: dest)
     packaged, _, _ = load_policy(WARM_START)
     source, _, _ = load_policy(policy_dir)
     assert all(torch.equal(a, b) for a, b in zip(packaged.state_dict().values(),
@@ -89,9 +89,9 @@ def test_package_refuses_training_worlds_and_oversized_models(policy_dir, sft_co
                                                               tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"\[2\].*never saw"):
         package(policy_dir, tmp_path / "a", sft_configs=(sft_config,), worlds=(2, 3))
-    monkeypatch.setattr("trainers.packaged_policy.MAX_MODEL_BYTES", 1000)
+    monkeypatch.setattr("trainers.modeling.warm_start.MAX_MODEL_BYTES", 1000)
     with pytest.raises(ValueError, match="MiB"):
-        copy_policy(trainers.models.Path(policy_dir), tmp_path / "b")
+        copy_policy(trainers.modeling.models.Path(policy_dir), tmp_path / "b")
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
         copy_policy(tmp_path, tmp_path / "c")
 

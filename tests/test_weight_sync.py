@@ -9,9 +9,9 @@ import multiprocessing
 import pytest
 import torch
 
-from trainers.models import tiny_causal_lm
+from trainers.distributed import free_address
+from trainers.modeling.models import tiny_causal_lm
 from trainers.rl.weight_sync import (
-    free_address,
     join_sync_group,
     pack,
     plan_buckets,

@@ -1,4 +1,4 @@
-"""Worker groups (trainers.rl.worker_group) without Ray: verbs on every worker, per-worker
+"""Worker groups (trainers.distributed) without Ray: verbs on every worker, per-worker
 arguments, and the fault handling of `map` / `call_sticky` driven by a backend whose
 workers can die (tests/test_rl_driver.py kills a real Ray actor)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainers.rl.worker_group import InProcess, WorkerGroup, WorkerSpec
+from trainers.distributed import InProcess, WorkerGroup, WorkerSpec
 
 
 class Died(Exception):

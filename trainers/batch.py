@@ -7,7 +7,7 @@ algorithm needs is here as tensors, so advantages and losses are pure functions 
     turns       turn_end, question_end, turn_kind, turn_format_ok      (T = max turns)
     grouping    group_ids (the G rollouts of one query share an id), outcome
     log-probs   old_logprobs, ref_logprobs, engine_logprobs             (optional)
-    rewards     boundary_scores (probe scores from trainers.information_gain, optional)
+    rewards     boundary_scores (probe scores from trainers.algorithms.information_gain, optional)
     advantages  advantages (filled in by an algorithm before the loss, optional)
 
 Conventions (the ones peers got wrong, design.md "Pitfalls", are checked loudly):
@@ -19,7 +19,7 @@ Conventions (the ones peers got wrong, design.md "Pitfalls", are checked loudly)
 - `turn_end[t]` is where the history h_<=t ends: right after turn t's tool reply (its
   end-of-message tokens included), i.e. where the next turn's generation prompt would start.
   For the last turn it is the end of that turn's own tokens. Information-gain probes are
-  appended at these positions (trainers.probes).
+  appended at these positions (trainers.algorithms.probes).
 - The last turn of a trajectory is its outcome turn: it receives the outcome reward (or the
   format penalty if it is malformed) whether it is an answer or was cut off by a limit.
 

@@ -64,9 +64,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_rl(args: argparse.Namespace) -> int:
+    from trainers.evaluation.training_report import write_report
     from trainers.rl.config import load_rl_config
     from trainers.rl.driver import train
-    from trainers.rl.report import write_report
 
     config = load_rl_config(args.config)
     if args.world is not None:
@@ -240,21 +240,21 @@ def cmd_sft(sft_argv: list[str]) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     try:
-        from trainers.eval_run import main_args
+        from trainers.evaluation.run import main_args
     except ImportError as e:
         return _needs_train_extras("eval", e)
     return main_args(args)
 
 
 def cmd_view(args: argparse.Namespace) -> int:
-    from trainers.viewer import main_args
+    from trainers.evaluation.viewer import main_args
 
     return main_args(args)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     try:
-        from trainers.chat import main_args
+        from trainers.evaluation.chat import main_args
     except ImportError as e:
         return _needs_train_extras("chat", e)
     return main_args(args)
@@ -336,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
                           add_help=False)
     data.set_defaults(func=lambda args: cmd_data(["--help"]))
 
-    from trainers.eval_run import add_arguments as add_eval_arguments  # light: no torch
+    from trainers.evaluation.run import add_arguments as add_eval_arguments  # light: no torch
 
     ev = sub.add_parser("eval", help="evaluate a saved policy or an endpoint on a benchmark: "
                                      "pass@1/avg@k/pass@k, EM/F1, optional LLM judge, "
@@ -350,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     vw.add_argument("-o", "--output", default="trajectories.html", help="the page to write")
     vw.set_defaults(func=cmd_view)
 
-    from trainers.chat import add_arguments as add_chat_arguments  # light: no torch
+    from trainers.evaluation.chat import add_arguments as add_chat_arguments  # light: no torch
 
     ch = sub.add_parser("chat", help="ask the agent questions and watch its turns (reasoning, "
                                      "tool calls, tool responses, answer) in the terminal")

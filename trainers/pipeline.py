@@ -26,7 +26,7 @@ world (size, seed) is this run's, which the warm start's SFT never saw. An RL co
 starts from this run's SFT policy instead, with the SFT stage's env settings.
 
 Evaluation: the start and the RL policy play the same test-split tasks with the same
-sampling seeds (trainers.paired_eval, `eval_samples` per task at the rollout temperature),
+sampling seeds (trainers.evaluation.paired, `eval_samples` per task at the rollout temperature),
 and the report gives each headline metric (pass@1, format-valid turn rate, answer rate)
 with task-clustered bootstrap SEs, the paired change and its z.
 """
@@ -81,10 +81,10 @@ def run_pipeline(sft_config: Any, rl_config: Any, output_dir: str | Path,
         generate_oracle_trajectories,
         turn_histogram,
     )
-    from trainers.packaged_policy import warm_start_info
-    from trainers.paired_eval import HeldOut, compare, comparison_lines, paired_evaluate
+    from trainers.evaluation.paired import HeldOut, compare, comparison_lines, paired_evaluate
+    from trainers.evaluation.training_report import write_report
+    from trainers.modeling.warm_start import warm_start_info
     from trainers.rl.driver import train as train_rl
-    from trainers.rl.report import write_report
     from trainers.sft.config import config_to_dict
     from trainers.sft.pipeline import oracle_data_config, train_sft
     from trainers.trajectory import write_trajectories

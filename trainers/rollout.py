@@ -1,6 +1,9 @@
-"""Group rollouts, token in / token out: one engine, G environments on one query.
+"""The one episode runner, token in / token out: one engine, G environments on one query.
 
     trajectories = rollout_group(engine, group_env, chat, seed=7, sampling=SamplingConfig())
+    trajectory = play_episode(engine, env, chat, task_index=0)      # one env: a group of one
+
+RL rollouts, evaluation, the warm-start check and `venus-gym chat` all play episodes here.
 
 Each step generates one turn for *every live member in one engine call* (the group is the
 batch), then steps the group environment with the decoded turns. Per member a
@@ -35,15 +38,24 @@ string (trainers.engines.base documents the mid-token case).
 
 Cancellation: `should_stop` (a callable) is asked before every turn; when it answers True
 the group is abandoned with RolloutCancelled (a straggler cut by rollout.completion_cutoff:
-trainers.rl.workers.RolloutWorker.cancel). A group is never returned in part.
+trainers.rl.rollout_worker.RolloutWorker.cancel). A group is never returned in part.
 
 Stuck or crashing tools: tools run inside the env's toolbox, which never raises and gives
-up after `tool_timeout_s` (set it on the env; the rollout warns when a group runs without
-one). The turn then gets the toolbox's error text as its reply and the rollout goes on.
+up after `tool_timeout_s` (remote backends default to 30 s; the rollout warns when plug-in
+tools run without a timeout). The turn then gets the toolbox's error text as its reply and
+the rollout goes on.
+
+Retries (evaluation only, `max_retries`): DR-Venus's inference samples a turn again, up to 5
+times, when it is empty, repetitive, malformed or repeats an earlier tool call
+(`retry_reason`). A discarded attempt never enters the conversation, so the model does not
+see its own loop, but it is kept in `metadata["discarded_turns"]` (turn, attempt, reason,
+whether the token cap cut it, text) and counted as a malformed turn by the evaluation.
+Attempt a of member i's turn t samples with seed + 1000 t + i + RETRY_SEED_STRIDE * a.
 
 Where we deviate from verl-agent / DR-Venus and why
-* No retries of empty / repetitive / duplicate turns (DR-Venus inference does up to 5): in
-  RL the policy must see the consequences of its own samples; retries would bias the data.
+* RL rollouts never retry a turn (DR-Venus inference does up to 5): in RL the policy must see
+  the consequences of its own samples; retries would bias the data. Retries follow
+  DR-Venus's conditions but not its exponential backoff (there is no server to wait for).
 * The forced final turn is the env's (one more turn after the notice replaces the last
   reply), not a rewrite of the conversation: rewriting history would break token-in/out.
 * The rollout-side context cut has no forced final turn: there is no room left for one;
@@ -52,6 +64,7 @@ Where we deviate from verl-agent / DR-Venus and why
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 import warnings
@@ -59,11 +72,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainers.engines.base import Engine, GenerationRequest, text_before_stop_string
-from trainers.tokenization import ChatTokenizer, ConversationBuilder
-from trainers.trajectory import Trajectory, Turn
+from trainers.engines.base import (
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    text_before_stop_string,
+)
+from trainers.modeling.tokenization import ChatTokenizer, ConversationBuilder
+from trainers.trajectory import Trajectory, Turn, check_invariants
+from venus_gym.protocol import ParsedTurn, ToolCall, is_repetitive, tool_call_key
 
 DEFAULT_STOP_STRINGS: tuple[str, ...] = ("<tool_response>",)
+RETRY_SEED_STRIDE = 1_000_003  # a retried attempt's seed offset (module header)
 
 
 class RolloutCancelled(Exception):
@@ -73,7 +93,8 @@ class RolloutCancelled(Exception):
 @dataclass
 class SamplingConfig:
     """How each turn is sampled. temperature 0 = greedy. `seed` (if set) seeds member i's
-    turn t with seed + 1000 * t + i, so a group's members sample differently."""
+    turn t with seed + 1000 * t + i, so a group's members sample differently.
+    presence_penalty: DR-Venus's inference option against loops (0 = off; engines.base)."""
 
     max_turn_tokens: int = 512
     temperature: float = 1.0
@@ -81,6 +102,7 @@ class SamplingConfig:
     top_k: int = 0
     stop_strings: tuple[str, ...] = DEFAULT_STOP_STRINGS
     seed: int | None = None
+    presence_penalty: float = 0.0
 
 
 @dataclass
@@ -104,6 +126,8 @@ class _Member:
     score: float = 0.0
     budget: str | None = None
     finish_reasons: list[str] = field(default_factory=list)
+    tool_calls: set[str] = field(default_factory=set)  # tool_call_keys, for retry_reason
+    discarded: list[dict[str, Any]] = field(default_factory=list)  # retried attempts
 
 
 def text_token_counter(chat: ChatTokenizer) -> Callable[[str], int]:
@@ -127,8 +151,10 @@ def rollout_group(engine: Engine, group_env: Any, chat: ChatTokenizer, *,
                   sampling: SamplingConfig | None = None, max_context_tokens: int = 32_768,
                   trajectory_id_prefix: str | None = None,
                   stats: RolloutStats | None = None,
-                  should_stop: Callable[[], bool] | None = None) -> list[Trajectory]:
-    """Play one query with every member of `group_env` (an envs.group.DeepResearchGroupEnv).
+                  should_stop: Callable[[], bool] | None = None,
+                  max_retries: int = 0) -> list[Trajectory]:
+    """Play one query with every member of `group_env` (an envs.group.DeepResearchGroupEnv,
+    or OneEnvGroup around a single env).
 
     Args:
         engine: any trainers.engines Engine; called once per step with all live members.
@@ -139,14 +165,18 @@ def rollout_group(engine: Engine, group_env: Any, chat: ChatTokenizer, *,
         trajectory_id_prefix: ids are "<prefix>/<member>"; default the task id.
         stats: filled with engine / environment time and generated tokens, if given.
         should_stop: asked before each turn; True abandons the group (RolloutCancelled).
+        max_retries: evaluation only: DR-Venus turn retries (module header); RL passes 0.
 
     Returns:
         G trajectories (member order) with messages, turns, outcome and the token view
         (input_ids, loss_mask, rollout_logprobs, turn spans/boundaries, question_end).
     """
     sampling = sampling or SamplingConfig()
+    if max_retries < 0:
+        raise ValueError(f"max_retries must be >= 0, got {max_retries}")
     stats = stats if stats is not None else RolloutStats()
-    if getattr(group_env.envs[0].toolbox, "timeout_s", 0) is None:
+    if getattr(group_env.envs[0].toolbox, "timeout_s", 0) is None \
+            and not _offline_tools(group_env.envs[0]):
         warnings.warn("the group env's tools have no timeout (tool_timeout_s=None): a stuck "
                       "remote backend would stall the rollout", RuntimeWarning, stacklevel=2)
     started = time.perf_counter()
@@ -174,25 +204,22 @@ def rollout_group(engine: Engine, group_env: Any, chat: ChatTokenizer, *,
                 prompt_ids=prompt, max_new_tokens=min(sampling.max_turn_tokens, room),
                 temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                 stop_token_ids=[chat.end_of_turn_id], stop_strings=list(sampling.stop_strings),
-                banned_token_ids=banned,
+                banned_token_ids=banned, presence_penalty=sampling.presence_penalty,
                 seed=None if sampling.seed is None else sampling.seed + 1000 * turn_index + i))
             asking.append(i)
         if not asking:
             break
-        started = time.perf_counter()
-        results = engine.generate(requests)
-        stats.engine_seconds += time.perf_counter() - started
-        stats.engine_calls += 1
+        results = _generate(engine, requests, stats)
+        if max_retries:
+            results = _retried(engine, group_env, chat, members, asking, requests, results,
+                               max_retries, stats)
 
         started = time.perf_counter()
         actions: list[str | None] = [None] * len(members)
         texts: dict[int, str] = {}
         for i, result in zip(asking, results):
             stats.generated_tokens += len(result.token_ids)
-            ended_by_eot = bool(result.token_ids) and result.token_ids[-1] == chat.end_of_turn_id
-            text_ids = result.token_ids[:-1] if ended_by_eot else result.token_ids
-            text = chat.tokenizer.decode(text_ids, skip_special_tokens=False,
-                                         clean_up_tokenization_spaces=False)
+            text = _decoded(chat, result)
             members[i].builder.add_generation(result.token_ids, text, result.logprobs)
             members[i].finish_reasons.append(result.finish_reason)
             # The record keeps the builder's text (control-token strings defused), so the
@@ -209,6 +236,81 @@ def rollout_group(engine: Engine, group_env: Any, chat: ChatTokenizer, *,
     prefix = trajectory_id_prefix or task.id
     return [_trajectory(member, f"{prefix}/{i}", task, seed)
             for i, member in enumerate(members)]
+
+
+def _offline_tools(env: Any) -> bool:
+    """Whether the env's tools are all the world's own (its index and the extractive
+    summarizer): nothing can hang, so no timeout is needed."""
+    config = getattr(env, "config", None)
+    return config is not None and config.backend == "corpus" \
+        and config.search_backend == "local" and config.summarizer == "extractive" \
+        and not getattr(config, "extra_tools", None)
+
+
+def _generate(engine: Engine, requests: list[GenerationRequest], stats: RolloutStats
+              ) -> list[GenerationResult]:
+    started = time.perf_counter()
+    results = engine.generate(requests)
+    stats.engine_seconds += time.perf_counter() - started
+    stats.engine_calls += 1
+    return results
+
+
+def retry_reason(text: str, valid: bool, parsed: ParsedTurn, earlier_calls: set[str]) -> str:
+    """Why DR-Venus's inference would sample this turn again, or "" to keep it.
+
+    Args:
+        text: the generated turn.
+        valid, parsed: the environment's verdict on it (`judge_turn`).
+        earlier_calls: `tool_call_key`s of the episode's earlier tool calls.
+    """
+    if not text.strip():
+        return "empty"
+    if is_repetitive(text):
+        return "repetition"
+    if not valid:
+        return "malformed"
+    if parsed.tool_call is not None and tool_call_key(parsed.tool_call) in earlier_calls:
+        return "duplicate tool call"
+    return ""
+
+
+def _retried(engine: Engine, group_env: Any, chat: ChatTokenizer, members: list[_Member],
+             asking: list[int], requests: list[GenerationRequest],
+             results: list[GenerationResult], max_retries: int, stats: RolloutStats
+             ) -> list[GenerationResult]:
+    """The results with every turn `retry_reason` rejects sampled again, up to max_retries
+    times; the last attempt stands whatever it is. Discarded attempts go to the members'
+    `discarded` lists."""
+    results = list(results)
+    for attempt in range(max_retries):
+        again = []
+        for slot, (i, result) in enumerate(zip(asking, results)):
+            text = _decoded(chat, result)
+            valid, _, parsed = group_env.envs[i].judge_turn(
+                text_before_stop_string(text, result.stop_string))
+            reason = retry_reason(text, valid, parsed, members[i].tool_calls)
+            if reason:
+                members[i].discarded.append({
+                    "turn": len(members[i].turns) + 1, "attempt": attempt + 1, "reason": reason,
+                    "cut": result.finish_reason == "length", "text": text})
+                again.append(slot)
+        if not again:
+            break
+        retry = [dataclasses.replace(requests[slot], seed=None if requests[slot].seed is None
+                                     else requests[slot].seed + RETRY_SEED_STRIDE * (attempt + 1))
+                 for slot in again]
+        for slot, result in zip(again, _generate(engine, retry, stats)):
+            results[slot] = result
+    return results
+
+
+def _decoded(chat: ChatTokenizer, result: GenerationResult) -> str:
+    """A generated turn's text, without its end-of-turn id."""
+    ids = result.token_ids
+    text_ids = ids[:-1] if ids and ids[-1] == chat.end_of_turn_id else ids
+    return chat.tokenizer.decode(text_ids, skip_special_tokens=False,
+                                 clean_up_tokenization_spaces=False)
 
 
 def _cut_for_context(group_env: Any, member: _Member, index: int) -> None:
@@ -230,6 +332,8 @@ def _record_step(member: _Member, text: str, observation: str, reward: float,
                 forced_final=member.notice_pending,
                 format_reward=float(reward) if not valid else None)
     member.turns.append(turn)
+    member.tool_calls.update(tool_call_key(ToolCall(call["name"], call["arguments"]))
+                             for call in info.get("tool_calls", []))
     if info["kind"] == "answer":
         member.score = float(info.get("score", 0.0))
     if info.get("budget"):
@@ -242,7 +346,7 @@ def _record_step(member: _Member, text: str, observation: str, reward: float,
 
 def _trajectory(member: _Member, trajectory_id: str, task: Any, seed: int | None) -> Trajectory:
     # The outcome lands on the last turn: the answer's score, or 0 for an unanswered episode
-    # (the format penalty stays a separate component), as trainers.policy does.
+    # (the format penalty stays a separate component).
     member.turns[-1].outcome_reward = member.score
     tokenized = member.builder.finish()
     return Trajectory(
@@ -250,13 +354,56 @@ def _trajectory(member: _Member, trajectory_id: str, task: Any, seed: int | None
         question=task.question, answers=list(task.answers), turns=member.turns,
         outcome=member.score,
         metadata={"hops": task.hops, "seed": seed, "budget": member.budget,
-                  "finish_reasons": member.finish_reasons},
+                  "finish_reasons": member.finish_reasons,
+                  **({"discarded_turns": member.discarded} if member.discarded else {})},
     ).with_tokens(tokenized, member.builder.rollout_logprobs)
 
 
-def check_group(trajectories: Sequence[Trajectory], chat: ChatTokenizer | None = None) -> None:
-    """Run trainers.trajectory.check_invariants on every trajectory (tests, debugging)."""
-    from trainers.trajectory import check_invariants
+class OneEnvGroup:
+    """A single DeepResearch env (wrapped or not) with the group interface rollout_group
+    plays: a group of one. Wrappers see every step (e.g. a narrator printing the turns)."""
 
-    for trajectory in trajectories:
-        check_invariants(trajectory, chat)
+    def __init__(self, env: Any):
+        self.env = env
+        self.envs = [env.unwrapped]
+        self.terminated, self.truncated = [True], [True]
+
+    @property
+    def task(self) -> Any:
+        return self.env.unwrapped.task
+
+    @property
+    def system_prompt(self) -> str:
+        return self.env.unwrapped.system_prompt
+
+    @property
+    def done(self) -> list[bool]:
+        return [self.terminated[0] or self.truncated[0]]
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[list[str], list[dict[str, Any]]]:
+        observation, info = self.env.reset(seed=seed, options=options)
+        self.terminated, self.truncated = [False], [False]
+        return [observation], [info]
+
+    def step(self, actions: Sequence[str | None]) -> tuple[list, list, list, list, list]:
+        observation, reward, terminated, truncated, info = self.env.step(actions[0])
+        self.terminated, self.truncated = [terminated], [truncated]
+        return [observation], [reward], [terminated], [truncated], [info]
+
+
+def play_episode(engine: Engine, env: Any, chat: ChatTokenizer, *,
+                 task_index: int | None = None, seed: int | None = None,
+                 sampling: SamplingConfig | None = None, max_retries: int = 0,
+                 max_context_tokens: int = 32_768, trajectory_id: str = "") -> Trajectory:
+    """One episode of `env` (task `task_index` of its split, else one drawn with `seed`),
+    played by rollout_group as a group of one; the trajectory is checked
+    (trainers.trajectory.check_invariants)."""
+    options = {"task_index": task_index} if task_index is not None else None
+    trajectory = rollout_group(engine, OneEnvGroup(env), chat, seed=seed, options=options,
+                               sampling=sampling, max_context_tokens=max_context_tokens,
+                               max_retries=max_retries)[0]
+    if trajectory_id:
+        trajectory.id = trajectory_id
+    check_invariants(trajectory)
+    return trajectory

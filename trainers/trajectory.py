@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainers.tokenization import (
+from trainers.modeling.tokenization import (
     ASSISTANT_ROLE,
     ChatTokenizationError,
     ChatTokenizer,

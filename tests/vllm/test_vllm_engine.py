@@ -28,7 +28,7 @@ from trainers.engines.base import GenerationRequest  # noqa: E402
 from trainers.engines.hf import HFEngine  # noqa: E402
 from trainers.engines.openai_http import OpenAIHTTPEngine  # noqa: E402
 from trainers.engines.vllm_engine import VLLMEngine  # noqa: E402
-from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm  # noqa: E402
+from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm  # noqa: E402
 
 CORPUS = ["the mayor of the city by the river met the painter <tool_response> at noon"] * 30
 LOGPROB_TOLERANCE = 1e-4

@@ -12,7 +12,7 @@ import pytest
 vllm = pytest.importorskip("vllm")
 
 from trainers.data.oracle_data import world_texts  # noqa: E402
-from trainers.models import build_chatml_tokenizer, build_tiny_causal_lm  # noqa: E402
+from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm  # noqa: E402
 from trainers.rl.config import RLConfig  # noqa: E402
 from trainers.rl.driver import train  # noqa: E402
 from trainers.trajectory import check_invariants  # noqa: E402

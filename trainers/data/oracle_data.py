@@ -50,7 +50,7 @@ import gymnasium as gym
 from tqdm import tqdm
 
 import envs  # noqa: F401  (registers the environments)
-from trainers.tokenization import ChatTokenizer
+from trainers.modeling.tokenization import ChatTokenizer
 from trainers.trajectory import Trajectory, Turn, check_invariants
 from venus_gym.protocol import parse_turn
 from venus_gym.worlds.oracle import OracleAgent

@@ -14,7 +14,7 @@ Conventions every engine follows (tests hold the transformers and vLLM engines t
   token (the unmodified logits' when decoding greedily). top-k/top-p, presence penalty and
   banned tokens change which token is picked, not the reported number. This is the quantity
   the learner recomputes (old/new log-probs from logits / the rollout temperature;
-  trainers.sampling states the rule), and vLLM reports it with
+  trainers.engines.sampling states the rule), and vLLM reports it with
   `logprobs_mode="processed_logprobs"` (temperature applied; greedy rows use temperature 1).
 * Stop conditions, checked after every sampled token:
     - a stop token id (the end-of-turn id `<|im_end|>`): kept as the last id; reason "stop";
@@ -26,7 +26,7 @@ Conventions every engine follows (tests hold the transformers and vLLM engines t
       This is also what vLLM returns (its token ids include the completing token);
     - `max_new_tokens` reached: reason "length" (the per-turn token cap).
 * `banned_token_ids`: never sampled (control tokens such as `<|im_start|>` that message
-  text may not contain, as the transformers policy in trainers.policy does).
+  text may not contain; trainers.rollout.banned_control_ids).
 * Seeds: `seed` makes a sampled request reproducible on the same engine and batch shape.
 
 Where we deviate from verl / OpenRLHF and why: those return log-probs of the processed
@@ -50,7 +50,9 @@ NamedTensors = Mapping[str, Any] | Iterable[tuple[str, Any]]
 class GenerationRequest:
     """One continuation to generate.
 
-    temperature 0 means greedy; top_p 1.0 / top_k 0 switch those filters off.
+    temperature 0 means greedy; top_p 1.0 / top_k 0 switch those filters off;
+    presence_penalty (OpenAI / vLLM semantics, DR-Venus's inference option against loops) is
+    subtracted once from the logit of every id generated so far in this request (0 = off).
     """
 
     prompt_ids: list[int]
@@ -62,6 +64,7 @@ class GenerationRequest:
     stop_strings: list[str] = field(default_factory=list)
     banned_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    presence_penalty: float = 0.0
 
     def validate(self) -> None:
         if not self.prompt_ids:

@@ -3,7 +3,7 @@
 `HFEngine(model, tokenizer)` runs its own decode loop rather than `model.generate`, because
 the engine contract (trainers.engines.base) needs per-request things generate does not give
 together: a seed per request, stop strings cut at a token boundary per row, banned ids, and
-log-probs of the sampled ids (the token rule is trainers.sampling's, shared with the
+log-probs of the sampled ids (the token rule is trainers.engines.sampling's, shared with the
 single-conversation policy). The loop is the textbook one:
 
     left-pad the prompts -> one prefill forward (attention mask + explicit position ids)
@@ -16,7 +16,7 @@ this wastes little. Logits are taken in float32 whatever the model dtype.
 Conversations keep their KV cache across calls (`kv_cache=True`, the default). After a
 batch, each row's ids (prompt + the generated ids that went through the model) and its keys
 and values (the row's unmasked columns) are kept. A later request reuses the kept
-conversation sharing the longest prefix with its prompt (trainers.kv_cache.reusable_prefix)
+conversation sharing the longest prefix with its prompt (trainers.engines.kv_cache.reusable_prefix)
 and prefills only the rest: in a multi-turn episode that is the environment's reply and the
 next generation prompt. Callers need no conversation key; a prompt that shares nothing
 (another conversation, a rewritten history) is prefilled in full. In a batch the reused
@@ -26,12 +26,12 @@ continue each row's own sequence. Kept caches are dropped on `update_weights` (t
 old weights' keys and values), on `forget_conversations()` (trainers.rollout calls it when a
 group's episodes end) and beyond `max_cached_conversations` (least recently used first).
 Re-encoding (`kv_cache=False`) gives the same ids, and float32 log-probs within ~4e-6
-(trainers.kv_cache says why not bit for bit; tests/test_engine_kv_cache.py measures it).
+(trainers.engines.kv_cache says why not bit for bit; tests/test_engine_kv_cache.py measures it).
 Decoding writes into buffers reserved after the prefill (`reserve_decode`) rather than
 growing transformers' DynamicCache, which copies the whole cache every step, and each decode
-step runs trainers.lean_decode (`lean_decode`, Qwen3 / Qwen2 / Llama): the model's own
+step runs trainers.engines.lean_decode (`lean_decode`, Qwen3 / Qwen2 / Llama): the model's own
 modules over those buffers and a kept additive mask, without the transformers forward
-around them, and one log-softmax gives every row's log-probs (trainers.sampling.
+around them, and one log-softmax gives every row's log-probs (trainers.engines.sampling.
 batch_log_probs). Other architectures decode through the transformers forward.
 
 Where we deviate from verl / OpenRLHF: they use vLLM/SGLang for every rollout and HF only
@@ -49,16 +49,16 @@ from typing import Any
 
 import torch
 
-from trainers.kv_cache import (
+from trainers.engines.kv_cache import (
     KVLayers,
     cache_from_rows,
     cache_rows,
     reserved_cache,
     reusable_prefix,
 )
-from trainers.lean_decode import LeanDecoder, lean_decode_supported
-from trainers.models import kv_cache_argument, returned_kv_cache
-from trainers.sampling import batch_log_probs, sample_token
+from trainers.engines.lean_decode import LeanDecoder, lean_decode_supported
+from trainers.engines.sampling import batch_log_probs, sample_token
+from trainers.modeling.models import kv_cache_argument, returned_kv_cache
 
 from .base import (
     Engine,
@@ -117,7 +117,7 @@ class HFEngine(Engine):
             decode step at 3,000 positions on a CPU). kv_cache=False, reserve_decode=False
             is the engine before kept caches, bit for bit (benchmarks compare with it, with
             lean_decode=False).
-        lean_decode: run decode steps with trainers.lean_decode (the model's own modules over
+        lean_decode: run decode steps with trainers.engines.lean_decode (the model's own modules over
             the reserved cache and a kept additive mask, no transformers forward around
             them) and choose every row's token from one batched log-softmax. Needs
             reserve_decode and a supported architecture (Qwen3 / Qwen2 / Llama); otherwise
@@ -297,7 +297,7 @@ class HFEngine(Engine):
 
         Subclasses may override `_choose` (e.g. forced decoding in benchmarks) and keep
         the bookkeeping here. With lean_decode every row's sampling log-probs come from one
-        batched log-softmax (trainers.sampling.batch_log_probs, equal to the per-row one
+        batched log-softmax (trainers.engines.sampling.batch_log_probs, equal to the per-row one
         bit for bit); otherwise `_choose` gets None and each row computes its own.
         """
         log_probs = None
@@ -318,12 +318,13 @@ class HFEngine(Engine):
 
     def _choose(self, logits: torch.Tensor, row: DecodeRow, step: int,
                 log_probs: torch.Tensor | None = None) -> tuple[int, float]:
-        """One row's token and its log-prob, by trainers.sampling's one rule (`log_probs`:
+        """One row's token and its log-prob, by trainers.engines.sampling's one rule (`log_probs`:
         the row's sampling log-probs if already computed)."""
         request = row.request
         return sample_token(logits, temperature=request.temperature, top_p=request.top_p,
                             top_k=request.top_k, banned_ids=request.banned_token_ids,
-                            generator=row.generator, log_probs=log_probs)
+                            generator=row.generator, log_probs=log_probs,
+                            presence_penalty=request.presence_penalty, seen_ids=row.token_ids)
 
     def _update_finish(self, row: DecodeRow) -> None:
         request = row.request

@@ -100,8 +100,9 @@ class OpenAIHTTPEngine(Engine):
             body["logit_bias"] = {str(i): -100 for i in request.banned_token_ids}
         if request.seed is not None:
             body["seed"] = request.seed
-        if self.presence_penalty:
-            body["presence_penalty"] = self.presence_penalty
+        presence_penalty = request.presence_penalty or self.presence_penalty
+        if presence_penalty:
+            body["presence_penalty"] = presence_penalty
         return body
 
     def _complete(self, request: GenerationRequest) -> GenerationResult:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from trainers.sampling import forced_logprob
+from trainers.engines.sampling import forced_logprob
 
 from .base import Engine, GenerationRequest, GenerationResult
 from .hf import DecodeRow, HFEngine

@@ -67,6 +67,7 @@ class VLLMEngine(Engine):
         params = [SamplingParams(
             max_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
             top_k=r.top_k if r.top_k > 0 else -1, seed=r.seed, logprobs=0,
+            presence_penalty=r.presence_penalty,
             stop=list(r.stop_strings) or None, stop_token_ids=list(r.stop_token_ids) or None,
             logit_bias={int(i): BANNED_LOGIT_BIAS for i in r.banned_token_ids} or None,
             skip_special_tokens=False, include_stop_str_in_output=True)

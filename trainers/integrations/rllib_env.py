@@ -43,8 +43,8 @@ import numpy as np
 from envs.deep_research import DeepResearchEnv
 from trainers.config_utils import from_dict, help_field
 from trainers.engines.base import find_stop_string, text_before_stop_string
+from trainers.modeling.tokenization import ChatTokenizer, ConversationBuilder
 from trainers.rollout import DEFAULT_STOP_STRINGS, text_token_counter
-from trainers.tokenization import ChatTokenizer, ConversationBuilder
 
 RLLIB_ENV_NAME = "DeepResearch-v0"
 
@@ -113,7 +113,7 @@ class TokenTurnEnv(gym.Env):
 
     def __init__(self, config: TokenTurnConfig, chat: ChatTokenizer | None = None):
         if chat is None:
-            from trainers.models import load_tokenizer
+            from trainers.modeling.models import load_tokenizer
 
             chat = load_tokenizer(config.policy_path)[1]
         self.config = config

@@ -36,8 +36,8 @@ from typing import Any
 
 from envs.group import DeepResearchGroupEnv
 from trainers.engines.hf import HFEngine
+from trainers.modeling.tokenization import ChatTokenizer
 from trainers.rollout import SamplingConfig, rollout_group
-from trainers.tokenization import ChatTokenizer
 from trainers.trajectory import Trajectory
 
 

@@ -1,7 +1,7 @@
 """RL checkpoints: what the driver writes every `run.save_every` steps and resumes from.
 
     output_dir/checkpoint-000010/learner.pt    learner rank 0: weights, optimizer, reference,
-                                               update count, RNG states (trainers.rl.workers)
+                                               update count, RNG states (trainers.rl.learner)
     output_dir/checkpoint-000010/driver.json   the step, the data position, the evaluation
                                                of the starting policy
 
@@ -31,8 +31,8 @@ from trainers.checkpoint_files import (
     publish,
     remove_scratch,
 )
-from trainers.rl.metrics import dumps_json
-from trainers.rl.workers import LEARNER_STATE_FILE
+from trainers.rl.learner import LEARNER_STATE_FILE
+from trainers.run_log import dumps_json
 
 DRIVER_STATE_FILE = "driver.json"
 
@@ -54,7 +54,7 @@ def save_checkpoint(learners: Any, output_dir: Path, step: int, before: dict[str
     remove_scratch(output_dir)  # a killed earlier save's leftovers
     scratch = new_scratch(target)
     try:
-        learners.call("save", str(scratch))  # returns once every rank is done
+        learners.save(scratch)  # returns once every rank is done
         # The data position is implied by the step (step_jobs); written for inspection.
         _write_driver_state(scratch, {"step": step, "data_position": step * queries_per_step,
                                       "before": before})
@@ -79,7 +79,7 @@ def resume(learners: Any, output_dir: Path, resume_from: str) -> tuple[int, dict
     if directory is None:
         raise FileNotFoundError(f"run.resume='latest' but {output_dir} has no complete "
                                 "checkpoint (set run.resume: '' to start afresh)")
-    learners.call("load", str(directory))
+    learners.load(directory)
     state = json.loads((directory / DRIVER_STATE_FILE).read_text())
     # NaN (e.g. no correct trajectory to measure) is stored as null.
     before = {k: float("nan") if v is None else v for k, v in state["before"].items()}

@@ -6,18 +6,17 @@
         jobs       = step_jobs(seed, step, ...)         the next queries_per_step train tasks
         results    = rollouts.map("rollout", jobs)      G environments per task, token in/out
         batch      = to_batch(results)                  the data currency (trainers.batch)
-        batch      = score(learners, batch)             old / reference log-probs + IG probes
+        batch      = learners.score(batch, answers)     old / reference log-probs + IG probes
         rewards    = algorithm.turn_rewards(batch)      per turn: IG, format, outcome (pure)
         advantages = algorithm.advantages(batch, rewards)  normalise, discount, per token
-        metrics    = update(learners, batch)            PPO epochs x mini-batches, all-reduced
-        engines   <- learner weights                    (weight sync; not with a served
-                                                         model: rollout.sync_weights)
+        metrics    = ppo_update(learners, batch)        PPO epochs x mini-batches
+        sync.push(step + 1)                             learner weights -> engines
         log metrics, save samples, checkpoint every save_every steps
 
-The worker verbs (trainers.rl.workers) run on worker groups (trainers.rl.worker_group,
-started by trainers.rl.run_workers):
-objects in this process (for debugging) or Ray actors (rollout workers with their engines,
-learners joined by torch.distributed, a shared search service); this file is the same.
+Each phase is timed by one helper (`PhaseTimer`: rollout_s, score_s, update_s, learner_s =
+score + update, sync_s). The workers (trainers.rl.cluster: rollout workers with their
+engines, a learner group joined by torch.distributed, a shared search service) are objects
+in this process (for debugging) or Ray actors; this file is the same either way.
 
 Determinism and restarts. A step's tasks and sampling seeds are a pure function of
 (run.seed, step, group); learners hold all other state (weights, optimizer, reference), and a
@@ -45,37 +44,32 @@ Where we deviate from DR-Venus / verl and why
   by benchmarks/rl_step.py, ig_gap).
 * The learning rate is constant after warm-up (DR-Venus gives no schedule for RL).
 """
-
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from trainers.batch import RolloutBatch, collate, record_from_trajectory
-from trainers.models import load_tokenizer
+from trainers.distributed import WorkerDied, WorkerGroup
+from trainers.evaluation.metrics import trajectory_stats
+from trainers.modeling.models import load_tokenizer
 from trainers.rl.checkpoint import latest_rl_checkpoint, resume, save_checkpoint
+from trainers.rl.cluster import start_workers
 from trainers.rl.config import LearnerConfig, RLConfig, rl_config_to_dict
 from trainers.rl.held_out import EvalPolicy
-from trainers.rl.metrics import dumps_json, rollout_drift
-from trainers.rl.run_workers import Workers, start_workers
-from trainers.rl.weight_sync import BroadcastSync
-from trainers.rl.worker_group import WorkerDied, WorkerGroup
-from trainers.rl.workers import (
-    LossTotals,
-    RolloutJob,
-    RolloutResult,
-    deal_rows,
-    merge_scores,
-    merge_update_metrics,
-    policy_rows,
-)
+from trainers.rl.learner_group import LearnerGroup
+from trainers.rl.rollout_worker import RolloutJob, RolloutResult
+from trainers.rl.weight_sync import WeightSync
+from trainers.run_log import MetricsLogger, dumps_json
 from trainers.trajectory import Trajectory
 
 
@@ -98,72 +92,6 @@ def step_jobs(run_seed: int, step: int, queries: int, num_tasks: int) -> list[Ro
         jobs.append(RolloutJob(task_index=int(order[offset]), group_id=group,
                                seed=job_seed(run_seed, step, group)))
     return jobs
-
-
-# --- the step's verbs -----------------------------------------------------------------------
-def to_batch(results: Sequence[RolloutResult], pad_token_id: int
-             ) -> tuple[RolloutBatch, list[list[str]]]:
-    """RolloutBatch of all groups (group id = position in the step) and gold answers."""
-    records, answers = [], []
-    for group, result in enumerate(results):
-        for trajectory in result.trajectories:
-            records.append(record_from_trajectory(trajectory, group_id=group))
-            answers.append(list(trajectory.answers))
-    return collate(records, pad_token_id=pad_token_id), answers
-
-
-def score(learners: WorkerGroup, batch: RolloutBatch, answers: list[list[str]],
-          distractors: list[list[str]] | None = None) -> RolloutBatch:
-    """Old / reference log-probs and probe scores; learner r scores rows r, r + W, ...
-    distractors: per row, wrong answers for contrastive IG (Algorithm.probe_distractors)."""
-    shards = deal_rows(batch.batch_size, learners.size)
-    outputs = learners.call_each("logprobs_and_probe_scores", [
-        (batch.select(rows), [answers[i] for i in rows],
-         None if distractors is None else [distractors[i] for i in rows])
-        if rows else None for rows in shards])
-    return merge_scores(batch, shards, outputs)
-
-
-def update(learners: WorkerGroup, batch: RolloutBatch, config: LearnerConfig
-           ) -> dict[str, float]:
-    """ppo_epochs passes, each over `mini_batches` mini-batches of whole trajectories (in
-    batch order, so the run is reproducible); each mini-batch is one optimizer step with its
-    rows dealt over the learners. Metrics are averaged over the optimizer steps."""
-    chunks = [rows for rows in (list(range(batch.batch_size))[i::config.mini_batches]
-                                for i in range(config.mini_batches)) if rows]
-    totals: dict[str, float] = {}
-    count = 0
-    for _ in range(config.ppo_epochs):
-        for rows in chunks:
-            mini = batch.select(rows)
-            units = LossTotals(tokens=int(mini.loss_mask.sum()), sequences=policy_rows(mini))
-            parts = deal_rows(mini.batch_size, learners.size)
-            # A learner without rows still joins the gradient all-reduce (batch None).
-            outputs = learners.call_each("update", [
-                (mini.select(part) if part else None, units) for part in parts])
-            for key, value in merge_update_metrics(outputs).items():
-                totals[key] = totals.get(key, 0.0) + value
-            count += 1
-    return {key: value / count for key, value in totals.items()}
-
-
-def sync_weights(workers: Workers, version: int, to_engines: bool = True,
-                 broadcast: BroadcastSync | None = None) -> dict[str, torch.Tensor] | None:
-    """Learner rank 0's weights into every rollout engine, and into every replacement
-    engine started later; returns them. to_engines=False (rollout.sync_weights: false, a
-    served model as a fixed behaviour policy) only returns them, for evaluation and saving.
-    broadcast (sync.method: broadcast): the engines get them over the broadcast group and
-    nothing comes back to the driver (None); a replacement fetches them when it starts."""
-    if broadcast is not None:
-        broadcast.send(version)
-        learners, rollouts = workers.learners, workers.rollouts
-        rollouts.remember("set_weights", lambda: (
-            rollouts.put(learners.call_first("weights")), version))
-        return None
-    weights = workers.learners.call_first("weights")
-    if to_engines:
-        workers.rollouts.call_sticky("set_weights", workers.rollouts.put(weights), version)
-    return weights
 
 
 def groups_needed(cutoff: float, groups: int) -> int:
@@ -193,6 +121,131 @@ def roll_out(rollouts: WorkerGroup, jobs: list[RolloutJob], cutoff: float,
     return StepRollouts(kept, len(jobs) - len(kept), time.perf_counter() - started)
 
 
+class RolloutSchedule:
+    """When each step's groups are rolled out: in the step (synchronous, the default), or
+    (run.async_rollouts) during the previous step's update, with its weights (one step
+    off-policy). Overlap needs workers that run concurrently (Ray); in-process, step + 1's
+    groups run right after step's, before its update."""
+
+    def __init__(self, rollouts: WorkerGroup, jobs_of: Callable[[int], list[RolloutJob]],
+                 cutoff: float, on_group_done: Callable[..., None] | None, ahead: bool,
+                 concurrent: bool):
+        self.rollouts, self.jobs_of, self.cutoff = rollouts, jobs_of, cutoff
+        self.on_group_done, self.ahead = on_group_done, ahead
+        self._background = ThreadPoolExecutor(1) if ahead and concurrent else None
+        self._next: Future[StepRollouts] | StepRollouts | None = None
+
+    def take(self, step: int) -> StepRollouts:
+        """Step `step`'s groups (rolled out now, or already under way)."""
+        if self._next is None:
+            return roll_out(self.rollouts, self.jobs_of(step), self.cutoff, self.on_group_done)
+        rolled = self._next.result() if isinstance(self._next, Future) else self._next
+        self._next = None
+        return rolled
+
+    def start_next(self, step: int) -> None:
+        """async_rollouts: start step `step`'s groups now."""
+        if not self.ahead:
+            return
+        args = (self.rollouts, self.jobs_of(step), self.cutoff, self.on_group_done)
+        self._next = self._background.submit(roll_out, *args) if self._background else \
+            roll_out(*args)
+
+    def wait(self) -> None:
+        """Block until the next step's groups are done (so that all come from one policy
+        before the weights change)."""
+        if isinstance(self._next, Future):
+            self._next = self._next.result()
+
+    def close(self) -> None:
+        if self._background is not None:
+            self._background.shutdown(wait=False, cancel_futures=True)
+
+
+# --- the step's verbs -----------------------------------------------------------------------
+def to_batch(results: Sequence[RolloutResult], pad_token_id: int
+             ) -> tuple[RolloutBatch, list[list[str]]]:
+    """RolloutBatch of all groups (group id = position in the step) and gold answers."""
+    records, answers = [], []
+    for group, result in enumerate(results):
+        for trajectory in result.trajectories:
+            records.append(record_from_trajectory(trajectory, group_id=group))
+            answers.append(list(trajectory.answers))
+    return collate(records, pad_token_id=pad_token_id), answers
+
+
+def ppo_update(learners: LearnerGroup, batch: RolloutBatch, config: LearnerConfig
+               ) -> dict[str, float]:
+    """ppo_epochs passes, each over `mini_batches` mini-batches of whole trajectories (in
+    batch order, so the run is reproducible); each mini-batch is one optimizer step of the
+    learner group. Metrics are averaged over the optimizer steps."""
+    chunks = [rows for rows in (list(range(batch.batch_size))[i::config.mini_batches]
+                                for i in range(config.mini_batches)) if rows]
+    totals: dict[str, float] = {}
+    count = 0
+    for _ in range(config.ppo_epochs):
+        for rows in chunks:
+            for key, value in learners.update(batch.select(rows)).items():
+                totals[key] = totals.get(key, 0.0) + value
+            count += 1
+    return {key: value / count for key, value in totals.items()}
+
+
+def rollout_drift(batch: RolloutBatch) -> dict[str, float]:
+    """|engine log-prob - learner log-prob| on the policy tokens of a scored RolloutBatch:
+    ~0 when the engine runs the learner's current weights (a failed weight sync or a
+    numerics mismatch shows up here); {} without engine log-probs."""
+    if batch.engine_logprobs is None or batch.old_logprobs is None:
+        return {}
+    diff = (batch.engine_logprobs - batch.old_logprobs).abs()[batch.loss_mask]
+    if not len(diff):
+        return {}
+    return {"rollout_logprob_diff_mean": float(diff.mean()),
+            "rollout_logprob_diff_max": float(diff.max())}
+
+
+class PhaseTimer:
+    """Wall-clock seconds of the named phases of one step."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+
+
+def step_metrics(config: RLConfig, rolled: StepRollouts, batch: RolloutBatch,
+                 trajectories: list[Trajectory], advantage_metrics: dict[str, float],
+                 update_metrics: dict[str, float], timer: PhaseTimer, lag: float,
+                 rollouts: WorkerGroup) -> dict[str, float]:
+    """Everything logged for one step."""
+    seconds = timer.seconds
+    generated = sum(r.stats.generated_tokens for r in rolled.results)
+    metrics = {**update_metrics, **trajectory_stats(trajectories),
+               "reward": float(batch.outcome.mean()), **advantage_metrics,
+               **rollout_drift(batch), "rollout_s": seconds["rollout_s"],
+               "score_s": seconds["score_s"], "update_s": seconds["update_s"],
+               "learner_s": seconds["score_s"] + seconds["update_s"],
+               "tokens_per_s": generated / max(rolled.seconds, 1e-9),
+               "generated_tokens": float(generated),
+               "worker_restarts": float(rollouts.restarts),
+               "retried_groups": float(rollouts.retried)}
+    if config.rollout.completion_cutoff < 1:
+        metrics.update({"rollout/groups_cut": float(rolled.cut),
+                        "rollout/groups_kept": float(len(rolled.results))})
+    if config.run.async_rollouts:
+        metrics.update({"rollout/weights_lag": lag, "rollout/overlapped_s": rolled.seconds,
+                        "rollout/wait_s": seconds["wait_s"]})
+    if config.sync.method != "object_store":
+        metrics["sync_s"] = seconds["sync_s"]
+    return metrics
+
+
 # --- the loop -------------------------------------------------------------------------------
 @dataclass
 class RunResult:
@@ -216,8 +269,6 @@ def train(config: RLConfig, *, stop_after: int | None = None,
         hooks, fault injection).
     keep_trajectories: return every step's trajectories (tests).
     """
-    from trainers.rl.metrics import MetricsLogger, trajectory_stats
-
     config.validate()
     output_dir = Path(config.run.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -229,135 +280,105 @@ def train(config: RLConfig, *, stop_after: int | None = None,
     workers = start_workers(config, algorithm)
     learners, rollouts = workers.learners, workers.rollouts
     result = RunResult(output_dir=output_dir)
-    # Async rollouts overlap the update only on Ray (in-process they would run in turn).
-    background = ThreadPoolExecutor(1) if config.run.async_rollouts and config.run.use_ray \
-        else None
+    schedule: RolloutSchedule | None = None
     try:
         start_step = 0
         if config.run.resume:
             start_step, result.before = resume(learners, output_dir, config.run.resume)
-        broadcast = None
-        if config.sync.method == "broadcast":
-            backend = config.sync.backend
-            if backend == "auto":
-                backend = "nccl" if config.learner.gpus_per_learner > 0 else "gloo"
-            broadcast = BroadcastSync(learners, rollouts, config.sync.bucket_bytes, backend)
-        weights = sync_weights(workers, start_step, config.rollout.sync_weights, broadcast)
-        num_tasks = rollouts.call_first("num_tasks")
-        evaluator = EvalPolicy(config, weights if weights is not None
-                               else learners.call_first("weights"))
+        sync = WeightSync(learners, rollouts, config.sync.method, config.sync.backend,
+                          config.sync.bucket_bytes, config.learner.gpus_per_learner > 0,
+                          config.rollout.sync_weights)
+        sync.push(start_step)
+        evaluator = EvalPolicy(config, sync.current())
         if start_step == 0 and config.eval.before:
             result.before = evaluator.evaluate(chat)
-        logger = MetricsLogger(output_dir, config.run.steps, start_step=start_step,
-                               progress_bar=config.run.progress_bar,
-                               tensorboard={"auto": "auto", "on": True, "off": False}[
-                                   config.run.tensorboard],
-                               wandb_project=config.run.wandb_project or None,
-                               config=rl_config_to_dict(config))
         end = config.run.steps if stop_after is None else min(config.run.steps,
                                                               start_step + stop_after)
-        cutoff = config.rollout.completion_cutoff
-
-        def jobs_of(step: int) -> list[RolloutJob]:
-            return step_jobs(config.run.seed, step, config.rollout.queries_per_step, num_tasks)
-
-        ahead: Future[StepRollouts] | StepRollouts | None = None  # step + 1's, async mode
-        with logger:
+        num_tasks = rollouts.call_first("num_tasks")
+        schedule = RolloutSchedule(
+            rollouts, lambda step: step_jobs(config.run.seed, step,
+                                             config.rollout.queries_per_step, num_tasks),
+            config.rollout.completion_cutoff, on_group_done, config.run.async_rollouts,
+            workers.concurrent)
+        with run_logger(config, output_dir, start_step) as logger:
             for step in range(start_step, end):
+                timer = PhaseTimer()
                 # 1-2. sample queries and roll out G environments for each (async: they were
                 # rolled out during the previous step's update, with its weights)
-                started = time.perf_counter()
-                if ahead is None:
-                    rolled = roll_out(rollouts, jobs_of(step), cutoff, on_group_done)
-                else:
-                    rolled = ahead.result() if isinstance(ahead, Future) else ahead
-                    ahead = None
-                results = rolled.results
-                rollout_seconds = time.perf_counter() - started
-                if config.run.async_rollouts and step + 1 < end:
-                    # step + 1's groups start now, with the weights these were sampled with
-                    # at the latest (one step off-policy); in-process they run here.
-                    args = (rollouts, jobs_of(step + 1), cutoff, on_group_done)
-                    ahead = background.submit(roll_out, *args) if background else \
-                        roll_out(*args)
-                trajectories = [t for r in results for t in r.trajectories]
-                # 3-4. one batch; old / reference log-probs and information-gain probe scores
-                started = time.perf_counter()
-                batch, answers = to_batch(results, pad_id)
-                batch = score(learners, batch, answers,
-                              algorithm.probe_distractors(batch, answers))
-                # 5. turn rewards, then advantages: pure functions of the scored batch
-                rewards = algorithm.turn_rewards(batch)
-                advantages = algorithm.advantages(batch, rewards)
-                batch = batch.replace(advantages=advantages.tokens)
+                with timer.phase("rollout_s"):
+                    rolled = schedule.take(step)
+                if step + 1 < end:
+                    schedule.start_next(step + 1)
+                trajectories = [t for r in rolled.results for t in r.trajectories]
+                with timer.phase("score_s"):
+                    # 3-4. one batch; old / reference log-probs and IG probe scores
+                    batch, answers = to_batch(rolled.results, pad_id)
+                    batch = learners.score(batch, answers,
+                                           algorithm.probe_distractors(batch, answers))
+                    # 5. turn rewards, then advantages: pure functions of the scored batch
+                    rewards = algorithm.turn_rewards(batch)
+                    advantages = algorithm.advantages(batch, rewards)
+                    batch = batch.replace(advantages=advantages.tokens)
                 # 6. learner updates: PPO epochs over mini-batches of whole trajectories
-                update_metrics = update(learners, batch, config.learner)
-                learner_seconds = time.perf_counter() - started
+                with timer.phase("update_s"):
+                    update_metrics = ppo_update(learners, batch, config.learner)
                 # 7. the new weights go to the engines (async: once step + 1's groups are
                 # done, so that they all come from one policy)
-                started = time.perf_counter()
-                if isinstance(ahead, Future):
-                    ahead = ahead.result()
-                wait_seconds = time.perf_counter() - started
-                started = time.perf_counter()
-                weights = sync_weights(workers, step + 1, config.rollout.sync_weights,
-                                       broadcast)
-                sync_seconds = time.perf_counter() - started
-                # 8. metrics, samples, checkpoint
-                generated = sum(r.stats.generated_tokens for r in results)
-                metrics = {**update_metrics, **trajectory_stats(trajectories),
-                           "reward": float(batch.outcome.mean()),
-                           **advantages.metrics, **rollout_drift(batch),
-                           "rollout_s": rollout_seconds, "learner_s": learner_seconds,
-                           "tokens_per_s": generated / max(rolled.seconds, 1e-9),
-                           "generated_tokens": float(generated),
-                           "worker_restarts": float(rollouts.restarts),
-                           "retried_groups": float(rollouts.retried)}
-                if cutoff < 1:
-                    metrics.update({"rollout/groups_cut": float(rolled.cut),
-                                    "rollout/groups_kept": float(len(results))})
-                if config.run.async_rollouts:
-                    metrics.update({
-                        "rollout/weights_lag": float(step - min(
-                            (r.weights_version for r in results), default=step)),
-                        "rollout/overlapped_s": rolled.seconds,
-                        "rollout/wait_s": wait_seconds})
-                if config.sync.method != "object_store":
-                    metrics["sync_s"] = sync_seconds
+                with timer.phase("wait_s"):
+                    schedule.wait()
+                with timer.phase("sync_s"):
+                    sync.push(step + 1)
+                # 8. metrics, samples, evaluation, checkpoint
+                lag = float(step - min((r.weights_version for r in rolled.results),
+                                       default=step))
+                metrics = step_metrics(config, rolled, batch, trajectories, advantages.metrics,
+                                       update_metrics, timer, lag, rollouts)
                 if config.eval.every and (step + 1) % config.eval.every == 0:
-                    weights = weights if weights is not None else learners.call_first("weights")
-                    evaluator.load(weights)
-                    held_out = evaluator.evaluate(chat)
-                    metrics.update({f"eval/{k}": v for k, v in held_out.items()})
+                    evaluator.load(sync.current())
+                    metrics.update({f"eval/{k}": v for k, v in evaluator.evaluate(chat).items()})
                 logger.log(step, metrics)
                 if config.run.sample_trajectories:
                     logger.save_samples(step, trajectories, k=config.run.sample_trajectories)
                 result.history.append({"step": step, **metrics})
                 if keep_trajectories:
                     result.trajectories.append(trajectories)
-                last = step + 1 == config.run.steps
-                if (config.run.save_every and (step + 1) % config.run.save_every == 0) or last:
+                if (config.run.save_every and (step + 1) % config.run.save_every == 0) \
+                        or step + 1 == config.run.steps:
                     save_checkpoint(learners, output_dir, step + 1, result.before,
                                     config.rollout.queries_per_step)
-        if weights is None:
-            weights = learners.call_first("weights")
+        result.weights = sync.current()
         if end == config.run.steps:
-            evaluator.load(weights)
-            if config.eval.after:
-                result.after = evaluator.evaluate(chat)
-            evaluator.save_final(output_dir / "final", tokenizer)
-            (output_dir / "eval.json").write_text(dumps_json(
-                {"before": result.before, "after": result.after}, indent=2))
-        result.weights = weights
+            finish(config, evaluator, result, chat, tokenizer)
         return result
     except WorkerDied as error:
-        if error.group is not learners:
+        if error.group is not learners.group:
             raise
         raise RuntimeError(learner_died_message(str(error), output_dir)) from error
     finally:
-        if background is not None:
-            background.shutdown(wait=False, cancel_futures=True)
+        if schedule is not None:
+            schedule.close()
         workers.close()
+
+
+def run_logger(config: RLConfig, output_dir: Path, start_step: int) -> MetricsLogger:
+    """The run's metrics.jsonl / console / TensorBoard / W&B logger, with the whole config."""
+    return MetricsLogger(output_dir, config.run.steps, start_step=start_step,
+                         progress_bar=config.run.progress_bar,
+                         tensorboard={"auto": "auto", "on": True, "off": False}[
+                             config.run.tensorboard],
+                         wandb_project=config.run.wandb_project or None,
+                         config=rl_config_to_dict(config))
+
+
+def finish(config: RLConfig, evaluator: EvalPolicy, result: RunResult, chat: Any,
+           tokenizer: Any) -> None:
+    """The final policy: evaluated (eval.after), saved to output_dir/final, eval.json."""
+    evaluator.load(result.weights)
+    if config.eval.after:
+        result.after = evaluator.evaluate(chat)
+    evaluator.save_final(result.output_dir / "final", tokenizer)
+    (result.output_dir / "eval.json").write_text(dumps_json(
+        {"before": result.before, "after": result.after}, indent=2))
 
 
 def learner_died_message(death: str, output_dir: Path) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from trainers.models import load_policy
+from trainers.modeling.models import load_policy
 from trainers.rl.config import RLConfig
 from trainers.rollout import SamplingConfig, text_token_counter
 
@@ -34,8 +34,8 @@ class EvalPolicy:
 
     def evaluate(self, chat: Any) -> dict[str, float]:
         """Greedy play of the held-out split with the loaded weights: the evaluation's
-        summary (trainers.evaluation)."""
-        from trainers.evaluation import evaluate
+        summary (trainers.evaluation.evaluate)."""
+        from trainers.evaluation.evaluate import evaluate
 
         config = self.config
         sampling = SamplingConfig(max_turn_tokens=config.eval.max_turn_tokens, temperature=0.0)

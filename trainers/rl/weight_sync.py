@@ -27,7 +27,6 @@ learner rank 0's GPU must use `sync.backend: gloo` (the buckets then go through 
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -116,13 +115,6 @@ def unpack(flat: torch.Tensor, bucket: Bucket) -> dict[str, torch.Tensor]:
             for slot in bucket.slots}
 
 
-def free_address(host: str = "127.0.0.1") -> str:
-    """"host:port" with a port free on this node (for the group's TCP store)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return f"{host}:{sock.getsockname()[1]}"
-
-
 def join_sync_group(address: str, rank: int, world_size: int, backend: str,
                     timeout_s: float = 600.0) -> Any:
     """A process group of `world_size` members outside torch.distributed's default group;
@@ -182,7 +174,7 @@ def receive_buckets(group: Any, plan: SyncPlan, device: torch.device | str = "cp
 
 class BroadcastSync:
     """The driver's side of `sync.method: broadcast`: learner rank 0 sends, every rollout
-    worker receives, in the same collective (trainers.rl.workers.Learner.broadcast_weights,
+    worker receives, in the same collective (trainers.rl.learner.Learner.broadcast_weights,
     RolloutWorker.receive_weights).
 
     The group is (re)built whenever the rollout workers changed (a replacement cannot join
@@ -250,3 +242,47 @@ class BroadcastSync:
 
 class _MembersChanged(Exception):
     """A rollout worker died during a sync-group call: rebuild the group and try again."""
+
+
+class WeightSync:
+    """The learners' weights into the rollout engines after each update, as `sync.method`
+    says, and the latest weights for evaluation and saving.
+
+    object_store (default): learner rank 0's CPU weights go into the object store once and
+    every engine loads them; every replacement engine started later loads them first.
+    broadcast: the weights travel in buckets over a group of their own (BroadcastSync, with
+    `sync.backend` auto: NCCL when the learners hold GPUs, else gloo); a replacement
+    fetches them from learner rank 0 when it starts.
+    to_engines False (rollout.sync_weights: false, a served model as a fixed behaviour
+    policy): the engines are left alone.
+    """
+
+    def __init__(self, learners: Any, rollouts: Any, method: str = "object_store",
+                 backend: str = "auto", bucket_bytes: int = 256 << 20,
+                 uses_gpus: bool = False, to_engines: bool = True):
+        self.learners, self.rollouts, self.to_engines = learners, rollouts, to_engines
+        self.broadcast = None
+        if method == "broadcast":
+            if backend == "auto":
+                backend = "nccl" if uses_gpus else "gloo"
+            self.broadcast = BroadcastSync(learners.group, rollouts, bucket_bytes, backend)
+        self._weights: dict[str, torch.Tensor] | None = None
+
+    def push(self, version: int) -> None:
+        """The learners' current weights, labelled `version`, into every engine."""
+        if self.broadcast is not None:
+            self.broadcast.send(version)
+            learners, rollouts = self.learners, self.rollouts
+            rollouts.remember("set_weights", lambda: (rollouts.put(learners.weights()), version))
+            self._weights = None
+            return
+        self._weights = self.learners.weights()
+        if self.to_engines:
+            self.rollouts.call_sticky("set_weights", self.rollouts.put(self._weights), version)
+
+    def current(self) -> dict[str, torch.Tensor]:
+        """The weights of the last push (fetched from learner rank 0 when the broadcast
+        path kept none)."""
+        if self._weights is None:
+            self._weights = self.learners.weights()
+        return self._weights

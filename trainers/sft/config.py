@@ -26,7 +26,7 @@ from trainers.config_utils import (  # noqa: F401
     load_yaml_config,
 )
 
-# trainers.models.DTYPES's keys, named here so loading a config does not import torch.
+# trainers.modeling.models.DTYPES's keys, named here so loading a config does not import torch.
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
@@ -54,7 +54,7 @@ class ModelConfig:
     pretokenizer: str = help_field("How tokenizer='world' cuts text before BPE: 'bytelevel' (GPT-2 "
                                    "style, words carry their leading space) or 'words' (every "
                                    "non-alphanumeric character alone, so a copied name keeps its "
-                                   "ids wherever it stands; see trainers.models).", "bytelevel")
+                                   "ids wherever it stands; see trainers.modeling.models).", "bytelevel")
     arch: str = help_field("Architecture of the tiny model: qwen3, qwen2 or llama.", "qwen3")
     hidden: int = help_field("Hidden size of the tiny model.", 128)
     layers: int = help_field("Decoder layers of the tiny model.", 4)
@@ -75,7 +75,7 @@ class ModelConfig:
         "Block expansion (LLaMA Pro): after loading the model, insert a new decoder layer "
         "after each of these layer indices, starting as the identity (a copy with zeroed "
         "output projections), so a trained model gains depth without losing what it "
-        "learned (trainers.models.grow_layers; qwen3, qwen2, llama). Empty = no growth.", ())
+        "learned (trainers.modeling.models.grow_layers; qwen3, qwen2, llama). Empty = no growth.", ())
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:

@@ -8,7 +8,7 @@ single worker computes on the same global batch (tests/test_sft_distributed.py c
 
 Ray is only at the edge: the training loop is the same in-process code. If Ray is not
 initialised yet it is started with `num_cpus=num_workers` (on this project's 2-core machine:
-2 workers, 1 CPU each), or joined when RAY_ADDRESS is set (trainers.distributed.init_ray);
+2 workers, 1 CPU each), or joined when RAY_ADDRESS is set (trainers.distributed.init_ray, through its worker groups);
 set RAY_AUTH_MODE=disabled where Ray's token auth is not set up. The workers rendezvous on
 127.0.0.1, so they must share one node.
 
@@ -21,34 +21,27 @@ Where we deviate from DR-Venus and why
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from trainers.distributed import init_ray
+from trainers.distributed import WorkerGroup, WorkerSpec, backend_for, free_address
 from trainers.sft.config import SFTExperimentConfig, config_to_dict
 from trainers.sft.packing import SFTSample
 from trainers.sft.trainer import SFTTrainer, latest_checkpoint
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class SFTWorker:
     """One data-parallel replica (instantiated as a Ray actor by train_data_parallel)."""
 
-    def run(self, rank: int, world_size: int, port: int, config: SFTExperimentConfig,
+    def run(self, rank: int, world_size: int, address: str, config: SFTExperimentConfig,
             model: torch.nn.Module, samples: list[SFTSample], pad_id: int,
             max_steps: int | None, threads: int, save_at_end: bool) -> dict[str, Any]:
         if threads:
             torch.set_num_threads(threads)
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank,
                                 world_size=world_size)
         try:
             if backend == "nccl":
@@ -79,24 +72,22 @@ def train_data_parallel(config: SFTExperimentConfig, model: torch.nn.Module,
     Returns rank 0's {"model": state_dict, "history": metrics per step, "step"}; with
     return_all_replicas also "replicas": every rank's result (for checking they agree).
     """
-    import ray
-
     workers = num_workers or config.train.num_workers
-    if not ray.is_initialized():
-        # Workers inherit this process's environment; the package is importable from an
-        # install (pip install -e .), so no runtime_env (which costs seconds per start).
-        # With RAY_ADDRESS set (`ray job submit`) the cluster is joined, not started.
-        init_ray("", num_cpus=workers)
+    # Workers inherit this process's environment; the package is importable from an install
+    # (pip install -e .), so no runtime_env (which costs seconds per start). With
+    # RAY_ADDRESS set (`ray job submit`) the cluster is joined, not started.
+    backend = backend_for(use_ray=True, num_cpus=workers)
     threads = config.train.threads_per_worker or max(1, (os.cpu_count() or 1) // workers)
-    actor_class = ray.remote(num_cpus=1)(SFTWorker)
-    actors = [actor_class.remote() for _ in range(workers)]
-    port = _free_port()
-    model_ref, samples_ref = ray.put(model), ray.put(samples)
-    results = ray.get([actor.run.remote(rank, workers, port, config, model_ref, samples_ref,
-                                        pad_id, max_steps, threads, save_at_end)
-                       for rank, actor in enumerate(actors)])
-    for actor in actors:
-        ray.kill(actor)
+    group = WorkerGroup(backend, [WorkerSpec(SFTWorker, resources={"num_cpus": 1})] * workers,
+                        role="SFT worker")
+    model_ref, samples_ref = group.put(model), group.put(samples)
+    address = free_address()
+    try:
+        results = group.call_each("run", [
+            (rank, workers, address, config, model_ref, samples_ref, pad_id, max_steps,
+             threads, save_at_end) for rank in range(workers)])
+    finally:
+        group.shutdown()
     results.sort(key=lambda result: result["rank"])
     main = dict(results[0])
     if return_all_replicas:

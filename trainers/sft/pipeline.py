@@ -30,8 +30,8 @@ from trainers.data.oracle_data import (
     tokenize_trajectories,
     world_texts,
 )
-from trainers.lora import LoraSettings, apply_lora, has_lora, merged_state_dict
-from trainers.models import (
+from trainers.modeling.lora import LoraSettings, apply_lora, has_lora, merged_state_dict
+from trainers.modeling.models import (
     build_chat_tokenizer,
     build_chatml_tokenizer,
     build_tiny_causal_lm,
@@ -42,9 +42,9 @@ from trainers.models import (
     load_smollm2,
     resolve_dtype,
 )
+from trainers.modeling.tokenization import ChatTokenizer
 from trainers.sft.config import ModelConfig, SFTExperimentConfig
 from trainers.sft.packing import SFTSample, samples_from_trajectories
-from trainers.tokenization import ChatTokenizer
 from trainers.trajectory import Trajectory, read_trajectories
 
 MIXTURES = {"default": DEFAULT_MIXTURE, "short": SHORT_MIXTURE, "plain": PLAIN_MIXTURE}
@@ -84,7 +84,7 @@ def build_tokenizer(model_config: ModelConfig, env_kwargs: dict[str, Any],
 def build_chat(tokenizer: Any, chat_template: str = "model") -> ChatTokenizer:
     """The run's ChatTokenizer (ModelConfig.chat_template: the tokenizer's own template,
     checked for prefix stability, 'chatml' or a Jinja file); `tokenizer` is set to render
-    with it, so the saved tokenizer carries it (trainers.models.build_chat_tokenizer)."""
+    with it, so the saved tokenizer carries it (trainers.modeling.models.build_chat_tokenizer)."""
     return build_chat_tokenizer(tokenizer, chat_template)
 
 

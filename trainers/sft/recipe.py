@@ -36,8 +36,9 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from trainers.evaluation import evaluate
-from trainers.policy import TransformersPolicy
+from trainers.engines.hf import HFEngine
+from trainers.evaluation.evaluate import evaluate
+from trainers.rollout import SamplingConfig
 from trainers.sft.config import SFTExperimentConfig, config_to_dict, load_config
 from trainers.sft.pipeline import (
     build_chat,
@@ -51,11 +52,11 @@ from trainers.sft.trainer import STATE_FILE, resolve_device
 from trainers.sft.warmup import InductionWarmupError
 
 
-def evaluation_policy(config: SFTExperimentConfig, model: torch.nn.Module,
-                      chat: Any, seed: int = 0) -> TransformersPolicy:
-    """The policy the recipe evaluates: the model with the config's decoding settings."""
-    return TransformersPolicy(model, chat, max_new_tokens=config.eval.max_new_tokens,
-                              temperature=config.eval.temperature, seed=seed)
+def evaluation_sampling(config: SFTExperimentConfig) -> SamplingConfig:
+    """How the recipe's evaluation decodes: the config's token cap and temperature (each
+    pass over the tasks is seeded with its eval seed)."""
+    return SamplingConfig(max_turn_tokens=config.eval.max_new_tokens,
+                          temperature=config.eval.temperature)
 
 
 def evaluate_model(config: SFTExperimentConfig, model: torch.nn.Module,
@@ -63,9 +64,10 @@ def evaluate_model(config: SFTExperimentConfig, model: torch.nn.Module,
     """Play the held-out tasks once per eval seed. Returns the rates over all episodes and,
     with several seeds, each seed's format-valid rate and accuracy (the spread is the noise
     of one 50-task evaluation)."""
-    return evaluate(evaluation_policy(config, model, chat), chat, config.eval_env_kwargs(),
+    return evaluate(HFEngine(model, chat.tokenizer), chat, config.eval_env_kwargs(),
                     num_tasks=config.eval.num_tasks, seeds=config.eval.seeds,
-                    max_retries=config.eval.retries, progress=True).summary()
+                    sampling=evaluation_sampling(config), max_retries=config.eval.retries,
+                    progress=True).summary()
 
 
 def train_and_evaluate(config: SFTExperimentConfig, evaluate_untrained: bool = False

@@ -30,7 +30,6 @@ Where we deviate from DR-Venus and why
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import random
 import shutil
@@ -52,7 +51,8 @@ from trainers.checkpoint_files import (
     truncate_steps,
 )
 from trainers.distributed import all_reduce_gradients
-from trainers.models import BOOLEAN_LOGITS_TO_KEEP
+from trainers.modeling.models import BOOLEAN_LOGITS_TO_KEEP
+from trainers.run_log import METRICS_FILE, MetricsLogger
 from trainers.sft.config import DataConfig, TrainConfig
 from trainers.sft.packing import (
     IGNORE_INDEX,
@@ -66,7 +66,6 @@ from trainers.sft.varlen import packed_spans
 
 CHECKPOINT_PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.pt"
-METRICS_FILE = "metrics.jsonl"
 # Bump when pack_samples changes: the same data would be packed into different rows, so a
 # checkpoint from another packer cannot resume exactly.
 PACKER = "subset-sum-v1"
@@ -291,18 +290,20 @@ class SFTTrainer:
                      f"{self.rows_per_step} rows of {self.data_cfg.max_seq_len} tokens per "
                      f"step, packing={self.data_cfg.packing}, workers={self.world_size}, "
                      f"precision={self.autocast_dtype or torch.float32}) from step {self.step}")
-        bar = tqdm(total=stop, initial=self.step, disable=not (self.is_main and
-                                                                 self.cfg.progress_bar),
-                   desc="sft", dynamic_ncols=True)
+        # The run logger (trainers.run_log, shared with RL) writes metrics.jsonl and shows the
+        # bar; rank 0 only. Lines hold the step count after the update (step_base 1).
+        logger = MetricsLogger(self.output_dir, max(stop, self.step), start_step=self.step, step_base=1,
+                               progress_bar=True if self.cfg.progress_bar else None,
+                               tensorboard=False, config=self.config_record or None,
+                               console_keys=("loss", "tokens_per_s"), description="sft") \
+            if self.is_main else contextlib.nullcontext()
         metrics_this_call = []
-        with bar:
+        with logger:
             while self.step < stop:
                 metrics = self.train_step()
                 metrics_this_call.append(metrics)
-                bar.update(1)
-                bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
                 if self.is_main:
-                    self._append_metrics(metrics)
+                    logger.log(self.step, {k: v for k, v in metrics.items() if k != "step"})
                     if self.step % max(1, self.cfg.log_every) == 0 or self.step == stop:
                         self.log(f"step {self.step}/{self.total_steps} loss {metrics['loss']:.4f} "
                                  f"lr {metrics['lr']:.2e} grad_norm {metrics['grad_norm']:.3f} "
@@ -320,10 +321,6 @@ class SFTTrainer:
             tqdm.write(line)
         else:
             print(line, flush=True)
-
-    def _append_metrics(self, metrics: dict[str, Any]) -> None:
-        with open(self.output_dir / METRICS_FILE, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(metrics) + "\n")
 
     # --- checkpoints --------------------------------------------------------------
     def state(self) -> dict[str, Any]:

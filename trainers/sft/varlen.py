@@ -8,7 +8,7 @@ sum(len_i^2): packing keeps the cost of attention per sample while removing padd
 
 It is a transformers attention function (registered with `AttentionInterface` as
 VARLEN_ATTENTION); the spans travel through a context variable set by `packed_spans(...)`,
-as in trainers.packed_attention, so any decoder dispatching through AttentionInterface works.
+as in trainers.algorithms.packed_attention, so any decoder dispatching through AttentionInterface works.
 Tokens outside every span (row padding) get zero outputs; they carry no labels.
 """
 
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from trainers.attention_override import attention_override
+from trainers.modeling.attention_override import attention_override
 
 VARLEN_ATTENTION = "venus_sft_varlen"
 

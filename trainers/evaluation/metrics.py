@@ -1,0 +1,91 @@
+"""Statistics of finished episodes, shared by training logs and evaluation.
+
+    stats = trajectory_stats(trajectories)   # accuracy, format errors, browse ratio, ...
+
+The browse ratio follows DR-Venus: trajectories that end correct browse (visit pages) more
+than wrong ones, and RL raises the browse ratio, so it is reported over all trajectories and
+separately over correct and wrong ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from trainers.trajectory import Trajectory
+
+# An outcome at or above this counts as correct (judge 1/0 scores, or F1 >= 0.5).
+CORRECT_THRESHOLD = 0.5
+
+
+def trajectory_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Aggregate numbers over finished episodes (one dict of floats).
+
+    accuracy:             mean of `trajectory.outcome`, an unscored (None) outcome counted 0.
+    answer_rate:          share of trajectories whose last turn is a valid "answer" turn.
+    format_error_rate:    invalid turns / all turns, pooled over trajectories (a turn is
+                          invalid when `turn.valid` is False); 0.0 when there are no turns.
+    mean_turns:           mean number of assistant turns per trajectory.
+    browse_ratio:         per trajectory, visit turns / (search + visit turns), 0 for a
+                          trajectory with no tool turn; averaged over trajectories.
+    browse_ratio_correct: the same average over trajectories with outcome >= 0.5;
+    browse_ratio_wrong:   ... and over those with outcome < 0.5 (None counted as 0).
+                          Either is NaN when its set of trajectories is empty (e.g. a batch
+                          with no correct episode): an average over nothing is undefined,
+                          and 0 would read as "correct episodes never browse".
+    num_correct, num_wrong: how many trajectories have outcome >= 0.5 / < 0.5.
+    mean_tokens:          mean len(input_ids) over trajectories that carry token ids (the
+                          whole episode: prompt, turns and environment replies); NaN when
+                          none does.
+
+    Raises:
+        ValueError: no trajectories (every average would be undefined).
+    """
+    if len(trajectories) == 0:
+        raise ValueError("trajectory_stats needs at least one trajectory")
+    outcomes = [outcome(t) for t in trajectories]
+    ratios = [_browse_ratio(t) for t in trajectories]
+    correct = [r for r, o in zip(ratios, outcomes) if o >= CORRECT_THRESHOLD]
+    wrong = [r for r, o in zip(ratios, outcomes) if o < CORRECT_THRESHOLD]
+    total_turns = sum(len(t.turns) for t in trajectories)
+    invalid_turns = sum(not turn.valid for t in trajectories for turn in t.turns)
+    answers = sum(map(answered, trajectories))
+    token_counts = [len(t.input_ids) for t in trajectories if t.input_ids is not None]
+    n = len(trajectories)
+    return {
+        "accuracy": sum(outcomes) / n,
+        "answer_rate": answers / n,
+        "format_error_rate": invalid_turns / total_turns if total_turns else 0.0,
+        "mean_turns": total_turns / n,
+        "browse_ratio": sum(ratios) / n,
+        "browse_ratio_correct": _mean(correct),
+        "browse_ratio_wrong": _mean(wrong),
+        "num_correct": float(len(correct)),
+        "num_wrong": float(len(wrong)),
+        "mean_tokens": _mean(token_counts),
+    }
+
+
+def outcome(trajectory: Trajectory) -> float:
+    """The trajectory's outcome, an unscored (None) one counted 0."""
+    return 0.0 if trajectory.outcome is None else float(trajectory.outcome)
+
+
+def is_correct(trajectory: Trajectory) -> bool:
+    return outcome(trajectory) >= CORRECT_THRESHOLD
+
+
+def answered(trajectory: Trajectory) -> bool:
+    """Whether the last turn is a valid answer."""
+    return bool(trajectory.turns) and trajectory.turns[-1].kind == "answer" \
+        and trajectory.turns[-1].valid
+
+
+def _browse_ratio(trajectory: Trajectory) -> float:
+    kinds = trajectory.turn_kinds
+    visits, searches = kinds.count("visit"), kinds.count("search")
+    return visits / (visits + searches) if visits + searches else 0.0
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
