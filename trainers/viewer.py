@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from trainers.rl.metrics import CORRECT_THRESHOLD
+from venus_gym.jsonl import iter_json_lines
 
 _THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
@@ -46,15 +47,9 @@ _ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int]:
     """(JSON objects of the file's lines, number of unreadable lines skipped)."""
     records, skipped = [], 0
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            skipped += 1
-            continue
-        if isinstance(record, dict) and isinstance(record.get("messages", []), list):
+    for line in iter_json_lines(path, allow_lone_surrogates=True):  # splits at "\n" only
+        record = line.record
+        if record is not None and isinstance(record.get("messages", []), list):
             records.append(record)
         else:
             skipped += 1

@@ -30,7 +30,6 @@ Where we deviate from DR-Venus and why
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import random
 import shutil
@@ -63,6 +62,7 @@ from trainers.sft.packing import (
     masked_lm_loss_sum,
 )
 from trainers.sft.varlen import packed_spans
+from venus_gym.jsonl import json_line
 
 CHECKPOINT_PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.pt"
@@ -323,7 +323,7 @@ class SFTTrainer:
 
     def _append_metrics(self, metrics: dict[str, Any]) -> None:
         with open(self.output_dir / METRICS_FILE, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(metrics) + "\n")
+            handle.write(json_line(metrics))  # the project's one JSONL writer
 
     # --- checkpoints --------------------------------------------------------------
     def state(self) -> dict[str, Any]:
