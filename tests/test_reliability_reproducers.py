@@ -1,6 +1,7 @@
 """Faults found by using venus-gym as a hostile user would, each replayed as a test.
 
 1. JSONL records holding U+2028 / U+2029 / U+0085 were split on read (eval resume, viewer).
+2. A fetch's (and every HTTP client's) time limit held per read, not in total.
 
 The tests use only the public entry points (commands, environments, constructors), so each
 can be run against older code to see it fail there.
@@ -8,11 +9,13 @@ can be run against older code to see it fail there.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 import envs  # noqa: F401  (registers DeepResearch-v0)
+from tests.trickle_server import TrickleServer
 
 REPO = Path(__file__).resolve().parents[1]
 LINE_BREAKERS = "a\u2028b\u2029c\x85d\ufeffe"
@@ -72,3 +75,76 @@ def test_1_viewer_shows_records_whose_text_holds_line_separators(tmp_path):
     write_trajectories(tmp_path / "s.jsonl", trajectories)
     _, shown = write_viewer(tmp_path / "s.jsonl", tmp_path / "page.html")
     assert shown == 14
+
+
+# --- 2. deadlines, not timeouts --------------------------------------------------------------
+DEADLINE_S = 1.0
+# The trickle runs ten times the deadline: a limit that holds per read waits all of it.
+TRICKLE_S = 10 * DEADLINE_S
+SLACK = 3.0  # a loaded 2-core machine: well over the deadline, far below the trickle
+
+
+def _fetch(url):
+    from venus_gym.tools.fetch import GuardedFetcher
+
+    port = url.rsplit(":", 1)[1]
+    GuardedFetcher(allow_hosts=[f"127.0.0.1:{port}"], timeout_s=DEADLINE_S,
+                   retries=0).fetch(url + "/page")
+
+
+def _summarise(url):
+    from venus_gym.corpus import Page
+    from venus_gym.tools.summarize import OpenAISummarizer
+
+    OpenAISummarizer(url + "/v1", "m", timeout_s=DEADLINE_S).summarize(
+        Page("https://x/", "X", "some text"), "goal")
+
+
+def _search(url):
+    from venus_gym.tools.web_search import JsonClient, SearxngSearch
+
+    SearxngSearch(JsonClient("searxng", timeout_s=DEADLINE_S, retries=0), url).search("q", 3)
+
+
+def _retrieve(url):
+    from venus_gym.tools import RetrievalServerBackend
+
+    RetrievalServerBackend(url + "/retrieve", timeout_s=DEADLINE_S).search("q", 3)
+
+
+def _judge(url):
+    from trainers.data.judge import LLMJudge
+
+    LLMJudge(url + "/v1", "m", timeout_s=DEADLINE_S, retries=0).judge("q", "a", ["a"])
+
+
+def _engine(url):
+    from trainers.engines.base import GenerationRequest
+    from trainers.engines.openai_http import OpenAIHTTPEngine
+
+    engine = OpenAIHTTPEngine(url + "/v1", "m", timeout_s=DEADLINE_S)
+    try:
+        engine.generate([GenerationRequest(prompt_ids=[1, 2], max_new_tokens=4)])
+    finally:
+        engine.close()
+
+
+CLIENTS = {"fetch": (_fetch, "text/html"), "summariser": (_summarise, "application/json"),
+           "search": (_search, "application/json"), "retrieve": (_retrieve, "application/json"),
+           "judge": (_judge, "application/json"), "engine": (_engine, "application/json")}
+
+
+@pytest.mark.parametrize("mode", ["headers", "body"])
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+def test_2_a_trickling_server_cannot_hold_a_request_past_its_deadline(client, mode):
+    call, content_type = CLIENTS[client]
+    if client in ("judge", "engine"):
+        pytest.importorskip("torch")
+    with TrickleServer(mode, content_type=content_type, total_s=TRICKLE_S) as server:
+        started = time.monotonic()
+        with pytest.raises(Exception) as raised:
+            call(server.url)
+        elapsed = time.monotonic() - started
+    assert server.connections >= 1
+    assert elapsed < SLACK * DEADLINE_S, (f"{client}: gave up after {elapsed:.1f} s with a "
+                                          f"{DEADLINE_S} s limit ({raised.value})")

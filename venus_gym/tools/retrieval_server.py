@@ -66,7 +66,7 @@ class RetrievalServerBackend:
     """Client for a Search-R1-compatible retrieval server. A `SearchBackend` and `PageStore`.
 
     url:           base url ("http://host:8000") or the full ".../retrieve" endpoint.
-    timeout_s:     per-request timeout.
+    timeout_s:     deadline of one request, the whole reply included (not per read).
     snippet_chars: snippet length for documents that bring none (most retrievers).
     url_prefix:    documents without a url are named `{url_prefix}{id}`.
     cache_pages:   how many returned documents `fetch` remembers (least recent dropped).
