@@ -2,6 +2,7 @@
 
 1. JSONL records holding U+2028 / U+2029 / U+0085 were split on read (eval resume, viewer).
 2. A fetch's (and every HTTP client's) time limit held per read, not in total.
+3. A corrupt replay cache became observations instead of stopping the run.
 
 The tests use only the public entry points (commands, environments, constructors), so each
 can be run against older code to see it fail there.
@@ -9,13 +10,18 @@ can be run against older code to see it fail there.
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import time
+import warnings
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 
 import envs  # noqa: F401  (registers DeepResearch-v0)
 from tests.trickle_server import TrickleServer
+from tests.web_fixtures import FakeWeb
 
 REPO = Path(__file__).resolve().parents[1]
 LINE_BREAKERS = "a\u2028b\u2029c\x85d\ufeffe"
@@ -148,3 +154,121 @@ def test_2_a_trickling_server_cannot_hold_a_request_past_its_deadline(client, mo
     assert server.connections >= 1
     assert elapsed < SLACK * DEADLINE_S, (f"{client}: gave up after {elapsed:.1f} s with a "
                                           f"{DEADLINE_S} s limit ({raised.value})")
+
+
+# --- 3. replay is strict ---------------------------------------------------------------------
+def _web_env(web, **kwargs):
+    return gym.make("DeepResearch-v0", backend="web", search_provider="searxng",
+                    search_url=web.url + "/searxng", allow_hosts=[f"127.0.0.1:{web.port}"],
+                    tool_retries=0, **kwargs).unwrapped
+
+
+TASK = {"question": "What is the capital of Country 1?", "answer": "City1ville"}
+
+
+def _search_action(query):
+    return ('<think>look</think>\n<tool_call>{"name": "search", "arguments": {"query": '
+            + json.dumps([query]) + "}}</tool_call>")
+
+
+def _corrupt(path: Path, how: str) -> None:
+    if how == "empty":
+        path.write_bytes(b"")
+    elif how == "lfs pointer":
+        path.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:"
+                        + "0" * 64 + "\nsize 12345\n")
+    elif how == "truncated":
+        db = sqlite3.connect(path)
+        db.execute("CREATE TABLE entries (key TEXT PRIMARY KEY, kind TEXT NOT NULL, "
+                   "request TEXT NOT NULL, response TEXT NOT NULL)")
+        db.executemany("INSERT INTO entries VALUES (?, 'search', '{}', ?)",
+                       [(f"k{i}", json.dumps({"ok": ["x" * 3000]})) for i in range(200)])
+        db.commit()
+        db.close()
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 3])
+    elif how == "no table":
+        db = sqlite3.connect(path)
+        db.execute("CREATE TABLE other (x)")
+        db.commit()
+        db.close()
+
+
+@pytest.mark.parametrize("how", ["empty", "lfs pointer", "truncated", "no table"])
+def test_3_a_corrupt_replay_cache_stops_the_run_naming_the_file(tmp_path, how):
+    web = FakeWeb()
+    try:
+        path = tmp_path / "web.sqlite"
+        _corrupt(path, how)
+        with pytest.raises(Exception) as raised:
+            env = _web_env(web, cache_mode="replay", cache_path=str(path))
+            env.reset(options=TASK)
+            observation, *_ = env.step(_search_action("Country 1"))
+        assert str(path) in str(raised.value)
+        assert web.requests == []  # replay never goes live
+    finally:
+        web.close()
+
+
+def test_3_a_bad_row_in_a_replay_cache_stops_the_run_naming_file_and_key(tmp_path):
+    web = FakeWeb()
+    try:
+        path = tmp_path / "web.sqlite"
+        env = _web_env(web, cache_mode="record", cache_path=str(path))
+        env.reset(options=TASK)
+        env.step(_search_action("Country 1"))
+        env.close()
+        db = sqlite3.connect(path)
+        (key,) = db.execute("SELECT key FROM entries").fetchone()
+        db.execute("UPDATE entries SET response = ?", ('{"ok": [{"titel": 1}]}',))
+        db.commit()
+        db.close()
+        env = _web_env(web, cache_mode="replay", cache_path=str(path))
+        env.reset(options=TASK)
+        with pytest.raises(Exception) as raised:
+            env.step(_search_action("Country 1"))
+        assert str(path) in str(raised.value) and key in str(raised.value)
+    finally:
+        web.close()
+
+
+@pytest.mark.parametrize("how", ["directory", "text file"])
+def test_3_record_mode_names_a_cache_path_it_cannot_use(tmp_path, how):
+    path = tmp_path / "cache"
+    if how == "directory":
+        path.mkdir()
+    else:
+        path.write_text("not a database\n" * 100)
+    web = FakeWeb()
+    try:
+        with pytest.raises(Exception) as raised:
+            env = _web_env(web, cache_mode="record", cache_path=str(path))
+            env.reset(options=TASK)
+            env.step(_search_action("Country 1"))
+        assert str(path) in str(raised.value)
+    finally:
+        web.close()
+
+
+def test_3_record_mode_keeps_the_live_answer_when_the_cache_cannot_be_written(tmp_path):
+    web = FakeWeb()
+    try:
+        path = tmp_path / "web.sqlite"
+        env = _web_env(web, cache_mode="record", cache_path=str(path))
+        env.reset(options=TASK)
+        # Another process holds the write lock (as a read-only file or a full disk would
+        # refuse the write): the answer must still reach the agent.
+        holder = sqlite3.connect(path, timeout=0)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                observation, *_, info = env.step(_search_action("Country 1"))
+        finally:
+            holder.rollback()
+            holder.close()
+        assert info["tool_calls"][0]["ok"], info["tool_calls"]
+        assert "Country 1" in observation and "failed" not in observation
+        assert any(str(path) in str(w.message) for w in caught)
+    finally:
+        web.close()
