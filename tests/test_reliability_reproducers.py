@@ -3,6 +3,7 @@
 1. JSONL records holding U+2028 / U+2029 / U+0085 were split on read (eval resume, viewer).
 2. A fetch's (and every HTTP client's) time limit held per read, not in total.
 3. A corrupt replay cache became observations instead of stopping the run.
+4. `serve-retrieval` reset connections under a burst and logged a traceback per disconnect.
 
 The tests use only the public entry points (commands, environments, constructors), so each
 can be run against older code to see it fail there.
@@ -10,8 +11,14 @@ can be run against older code to see it fail there.
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
+import socket
 import sqlite3
+import subprocess
+import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -272,3 +279,84 @@ def test_3_record_mode_keeps_the_live_answer_when_the_cache_cannot_be_written(tm
         assert any(str(path) in str(w.message) for w in caught)
     finally:
         web.close()
+
+
+# --- 4. serve-retrieval holds a burst ---------------------------------------------------------
+def _burst(url: str, clients: int, requests_each: int) -> tuple[int, int, list[str]]:
+    """(good requests answered 200, bad requests answered 400, errors on good requests)."""
+    port = int(url.rsplit(":", 1)[1])
+    start = threading.Barrier(clients)
+    good = bad = 0
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def client(index: int) -> None:
+        nonlocal good, bad
+        start.wait()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        for i in range(requests_each):
+            is_bad = (index + i) % 10 == 0
+            body = b'{"queries": 5}' if is_bad else json.dumps(
+                {"queries": [f"river town {i}"], "topk": 3}).encode()
+            try:
+                conn.request("POST", "/retrieve", body=body,
+                             headers={"Content-Type": "application/json"})
+                response = conn.getresponse()
+                response.read()
+                with lock:
+                    if is_bad and response.status == 400:
+                        bad += 1
+                    elif not is_bad and response.status == 200:
+                        good += 1
+                    elif not is_bad:
+                        errors.append(f"HTTP {response.status}")
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                if not is_bad:
+                    with lock:
+                        errors.append(f"{type(e).__name__}: {e}")
+        conn.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return good, bad, errors
+
+
+def _early_disconnects(url: str, count: int) -> None:
+    """Clients that send a request and leave before its (large) reply is written: the
+    server's write then fails (a broken pipe or a reset)."""
+    port = int(url.rsplit(":", 1)[1])
+    body = json.dumps({"queries": ["river town"] * 200, "topk": 20}).encode()
+    for _ in range(count):
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def test_4_serve_retrieval_holds_a_burst_and_logs_disconnects_in_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    log = (tmp_path / "stderr.txt").open("w+")
+    proc = subprocess.Popen([sys.executable, "-m", "trainers.cli", "serve-retrieval",
+                             "--port", "0", "--world", "synthetic", "--world-size", "200"],
+                            stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    try:
+        url = proc.stdout.readline().split()[1].rsplit("/", 1)[0]
+        clients = 32
+        good, bad, errors = _burst(url, clients, 30)
+        assert errors == [] and good + bad == clients * 30
+        _early_disconnects(url, 20)
+        _burst(url, 2, 5)  # the server still answers
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    log.seek(0)
+    stderr = log.read()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    gone = [line for line in stderr.splitlines() if "went away" in line]
+    assert 1 <= len(gone) <= 20 and all(line.startswith("retrieval server: client 127.0.0.1:")
+                                        for line in gone), stderr[-3000:]

@@ -174,7 +174,8 @@ def cmd_serve_retrieval(args: argparse.Namespace) -> int:
     world = load_world(args.world, **kwargs)
     index = LocalSearchIndex(world.corpus)
     server, thread, url = serve_index(index, host=args.host, port=args.port,
-                                      max_topk=args.max_topk, default_topk=args.default_topk)
+                                      max_topk=args.max_topk, default_topk=args.default_topk,
+                                      **({"backlog": args.backlog} if args.backlog else {}))
     # The first line names the endpoint (scripts and tests read it, e.g. with --port 0).
     print(f"serving {url}/retrieve", flush=True)
     print(f"{world.name}: {len(world.corpus)} pages indexed in "
@@ -367,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="documents per query when a request gives no topk")
     sr.add_argument("--max-topk", type=int, default=100,
                     help="most documents per query; a larger topk is cut and the reply says so")
+    sr.add_argument("--backlog", type=int, default=None,
+                    help="connections queued before they are accepted (default 128; raise it "
+                         "for larger bursts of clients)")
     sr.set_defaults(func=cmd_serve_retrieval)
 
     se = sub.add_parser("serve-env", help="serve DeepResearch-v0 over OpenEnv's protocol "
