@@ -4,6 +4,8 @@
 2. A fetch's (and every HTTP client's) time limit held per read, not in total.
 3. A corrupt replay cache became observations instead of stopping the run.
 4. `serve-retrieval` reset connections under a burst and logged a traceback per disconnect.
+5. `serve-env`: malformed frames closed the session, `serving` came before the port
+   listened, a clean close logged a traceback, silent sessions were never closed.
 
 The tests use only the public entry points (commands, environments, constructors), so each
 can be run against older code to see it fail there.
@@ -360,3 +362,136 @@ def test_4_serve_retrieval_holds_a_burst_and_logs_disconnects_in_one_line(tmp_pa
     gone = [line for line in stderr.splitlines() if "went away" in line]
     assert 1 <= len(gone) <= 20 and all(line.startswith("retrieval server: client 127.0.0.1:")
                                         for line in gone), stderr[-3000:]
+
+
+# --- 5. serve-env ------------------------------------------------------------------------------
+OPENENV_KW = {"world_size": 100, "world_seed": 1, "max_turns": 6}
+
+
+@pytest.fixture(scope="module")
+def openenv_url():
+    pytest.importorskip("openenv.core.env_server.http_server")
+    pytest.importorskip("websockets")
+    import uvicorn
+
+    from envs.integrations.openenv import bind, make_app
+
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(make_app(OPENENV_KW), log_level="warning",
+                                           ws="websockets-sansio"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
+        time.sleep(0.05)
+    yield f"ws://127.0.0.1:{sock.getsockname()[1]}/ws"
+    server.should_exit = True
+    thread.join(10)
+
+
+MALFORMED_FRAMES = {"array": "[1, 2]", "string": '"reset"', "null": "null", "number": "5",
+                    "deep": "[" * 100_000 + "]" * 100_000, "binary": b"\x00\x01binary"}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED_FRAMES))
+def test_5_a_malformed_frame_gets_an_error_and_the_session_goes_on(openenv_url, name):
+    import websockets.sync.client as ws
+
+    with ws.connect(openenv_url, max_size=None) as conn:
+        conn.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+        question = json.loads(conn.recv(timeout=30))["data"]["observation"]["text"]
+        conn.send(MALFORMED_FRAMES[name])
+        reply = json.loads(conn.recv(timeout=30))
+        assert reply["type"] == "error", reply
+        conn.send(json.dumps({"type": "reset", "data": {"seed": 0}}))  # still served
+        assert json.loads(conn.recv(timeout=30))["data"]["observation"]["text"] == question
+
+
+def _serve_env(tmp_path, *extra):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    log = (tmp_path / "serve-env.txt").open("w+")
+    proc = subprocess.Popen([sys.executable, "-m", "trainers.cli", "serve-env", "--port", "0",
+                             "--world-size", "100", "--world-seed", "1", *extra],
+                            stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    return proc, log
+
+
+def test_5_serve_env_accepts_as_soon_as_it_says_serving(tmp_path):
+    pytest.importorskip("openenv.core.env_server.http_server")
+    import websockets.sync.client as ws
+
+    proc, log = _serve_env(tmp_path)
+    try:
+        line = proc.stdout.readline().strip()
+        assert line.startswith("serving http://127.0.0.1:"), line
+        port = int(line.rsplit(":", 1)[1])
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()  # not refused
+        with ws.connect(f"ws://127.0.0.1:{port}/ws", open_timeout=60) as conn:
+            conn.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+            assert json.loads(conn.recv(timeout=60))["type"] == "observation"
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def _wait_until_accepting(port: int) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, "the server never accepted"
+            time.sleep(0.2)
+
+
+def test_5_sessions_closed_by_their_clients_log_no_traceback(tmp_path):
+    pytest.importorskip("openenv.core.env_server.http_server")
+    import websockets.sync.client as ws
+    from websockets.exceptions import ConnectionClosed
+
+    proc, log = _serve_env(tmp_path)
+    try:
+        port = int(proc.stdout.readline().strip().rsplit(":", 1)[1])
+        _wait_until_accepting(port)
+        for leave_at_once in (True, True, True, False):
+            with ws.connect(f"ws://127.0.0.1:{port}/ws", open_timeout=60) as conn:
+                conn.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+                conn.recv(timeout=60)
+                conn.send(json.dumps({"type": "close"}))
+                if leave_at_once:  # as OpenEnv's client does when its context ends
+                    conn.socket.shutdown(socket.SHUT_RDWR)
+                    continue
+                with pytest.raises(ConnectionClosed):  # the server ends the session
+                    conn.recv(timeout=30)
+        time.sleep(1.0)  # let a traceback, if any, reach the log
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    log.seek(0)
+    stderr = log.read()
+    assert "Traceback" not in stderr and "Exception in ASGI" not in stderr, stderr[-3000:]
+
+
+def test_5_serve_env_closes_a_silent_session_after_its_idle_timeout(tmp_path):
+    pytest.importorskip("openenv.core.env_server.http_server")
+    import websockets.sync.client as ws
+    from websockets.exceptions import ConnectionClosed
+
+    proc, log = _serve_env(tmp_path, "--idle-timeout-s", "1")
+    try:
+        line = proc.stdout.readline().strip()
+        assert line.startswith("serving http://"), (line, log.read())
+        port = int(line.rsplit(":", 1)[1])
+        with ws.connect(f"ws://127.0.0.1:{port}/ws", open_timeout=60) as conn:
+            conn.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+            conn.recv(timeout=60)
+            started = time.monotonic()
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    conn.recv(timeout=30)  # an idle-timeout notice may come first
+            assert time.monotonic() - started < 20
+    finally:
+        proc.terminate()
+        proc.wait(20)
