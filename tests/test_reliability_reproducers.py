@@ -6,6 +6,8 @@
 4. `serve-retrieval` reset connections under a burst and logged a traceback per disconnect.
 5. `serve-env`: malformed frames closed the session, `serving` came before the port
    listened, a clean close logged a traceback, silent sessions were never closed.
+6. The viewer crashed on records of the wrong shape, wrote a 0-byte page on a lone
+   surrogate, and blanked on a bad URL fragment.
 
 The tests use only the public entry points (commands, environments, constructors), so each
 can be run against older code to see it fail there.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import sqlite3
 import subprocess
@@ -495,3 +498,86 @@ def test_5_serve_env_closes_a_silent_session_after_its_idle_timeout(tmp_path):
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+# --- 6. the viewer on odd input -----------------------------------------------------------------
+def _odd_records():
+    from tests.test_viewer import trajectory
+
+    good = [trajectory(i, correct=True, hops=1).to_json() for i in range(3)]
+    odd = [dict(good[0], id="m", messages=["not a message"], turns=[]),
+           dict(good[0], id="t", turns=[1, "two"]),
+           dict(good[0], id="d", metadata="not an object"),
+           dict(good[0], id="e", metadata={"eval": ["x"]})]
+    return good, odd
+
+
+def test_6_viewer_skips_records_it_cannot_show_and_says_so(tmp_path, capsys):
+    from trainers.cli import main as cli_main
+
+    good, odd = _odd_records()
+    path = tmp_path / "odd.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in good + odd))
+    assert cli_main(["view", str(path), "-o", str(tmp_path / "page.html")]) == 0
+    captured = capsys.readouterr()
+    assert "3 trajectories" in captured.out
+    assert "skipped 4" in captured.err
+    page = (tmp_path / "page.html").read_text()
+    data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>',
+                                page, re.S).group(1))
+    assert len(data["items"]) == 3 and len(data["skipped"]) == 4
+    assert all(reason.startswith("record ") for reason in data["skipped"])
+    from tests.test_viewer import _install_chromium, browse
+
+    chromium = _install_chromium()
+    if chromium is not None:  # and the page says so
+        dom, console = browse(chromium, tmp_path, tmp_path / "page.html")
+        assert console == [] and "skipped 4 records that cannot be shown" in dom
+
+
+def test_6_viewer_writes_a_whole_page_for_a_lone_surrogate(tmp_path):
+    from trainers.cli import main as cli_main
+
+    good, _ = _odd_records()
+    good[1]["question"] = "broken \ud800 text"
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in good))  # ASCII: \ud800 escape
+    assert cli_main(["view", str(path), "-o", str(tmp_path / "page.html")]) == 0
+    page = (tmp_path / "page.html").read_text(encoding="utf-8")
+    assert page.rstrip().endswith("</html>")
+
+
+def test_6_viewer_never_leaves_a_partial_page(tmp_path, monkeypatch):
+    from trainers import viewer
+
+    good, _ = _odd_records()
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in good))
+    output = tmp_path / "page.html"
+    output.write_text("the old page")
+    real_write_text = Path.write_text
+
+    def disk_full_halfway(self, data, *args, **kwargs):
+        real_write_text(self, data[: len(data) // 2], *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", disk_full_halfway)
+    with pytest.raises(OSError):
+        viewer.write_viewer(path, output)
+    monkeypatch.undo()
+    assert output.read_text() == "the old page"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["page.html", "s.jsonl"]
+
+
+@pytest.mark.parametrize("fragment", ["#q=100%", "#hops=%E0%A4%A", "#%", "#traj=%zz&q=x"])
+def test_6_a_bad_url_fragment_is_ignored(tmp_path, fragment):
+    from tests.test_viewer import _install_chromium, browse, sample_file, shown
+    from trainers.viewer import write_viewer
+
+    chromium = _install_chromium()
+    if chromium is None:
+        pytest.skip("no Chromium here")
+    page, count = write_viewer(sample_file(tmp_path), tmp_path / "page.html")
+    dom, console = browse(chromium, tmp_path, page, fragment)
+    assert 'data-ready="1"' in dom and console == [], console
+    assert shown(dom)[0] >= 1
