@@ -130,8 +130,10 @@ class DeepResearchOpenEnv(Environment[DeepResearchAction, DeepResearchObservatio
 
 def _json_safe(info: dict[str, Any]) -> dict[str, Any]:
     # Info holds tuples and, for the web backend, nested stats: one JSON round trip gives
-    # the dict the client will see.
-    return json.loads(json.dumps(info, default=str))
+    # the dict the client will see. The raw action is left out: the client sent it, and a
+    # lone surrogate in it would make the reply unencodable.
+    return json.loads(json.dumps({k: v for k, v in info.items() if k != "raw_action"},
+                                 default=str))
 
 
 class DeepResearchClient(EnvClient[DeepResearchAction, DeepResearchObservation,
