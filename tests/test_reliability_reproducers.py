@@ -576,6 +576,17 @@ def test_6_viewer_never_leaves_a_partial_page(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["page.html", "s.jsonl"]
 
 
+def test_6_a_file_with_nothing_to_show_is_an_error_and_writes_no_page(tmp_path, capsys):
+    from trainers.cli import main as cli_main
+
+    _, odd = _odd_records()
+    path = tmp_path / "odd.jsonl"
+    path.write_text("[1]\n" + "".join(json.dumps(r) + "\n" for r in odd))
+    assert cli_main(["view", str(path), "-o", str(tmp_path / "page.html")]) == 2
+    assert "venus-gym view:" in capsys.readouterr().err
+    assert not (tmp_path / "page.html").exists()
+
+
 @pytest.mark.parametrize("fragment", ["#q=100%", "#hops=%E0%A4%A", "#%", "#traj=%zz&q=x"])
 def test_6_a_bad_url_fragment_is_ignored(tmp_path, fragment):
     from tests.test_viewer import _install_chromium, browse, sample_file, shown

@@ -83,6 +83,14 @@ def test_record_mode_refuses_a_directory_by_name(tmp_path):
         ToolCache(tmp_path, "record")
 
 
+@pytest.mark.parametrize("path", ["/proc/venus-gym-cache.sqlite",
+                                  "/proc/venus-gym-no-such-dir/cache.sqlite"])
+def test_record_mode_refuses_a_path_it_cannot_create_by_name(path):
+    # /proc takes no new files, even from root (file modes would not stop root).
+    with pytest.raises(CacheError, match=f"{path} cannot be used for record"):
+        ToolCache(path, "record")
+
+
 @pytest.mark.parametrize("response,kind", [
     ("not json", "search"), ('{"ok": [1, 2]}', "search"), ('{"ok": [], "extra": 1}', "search"),
     ('{"error": 5}', "search"), ('{"ok": {"url": "u"}}', "fetch"),
