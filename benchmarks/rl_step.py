@@ -43,7 +43,6 @@ import argparse
 import copy
 import dataclasses
 import importlib.util
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -187,13 +186,13 @@ def steps_per_hour(config: Any, output_dir: Path) -> float:
     import shutil
 
     from trainers.rl.driver import train
+    from trainers.run_log import read_metrics
 
     config = copy.deepcopy(config)
     config.run.output_dir = str(output_dir)
     shutil.rmtree(output_dir, ignore_errors=True)
     train(config)
-    times = [json.loads(line)["time"] for line in
-             (output_dir / "metrics.jsonl").read_text().splitlines()]
+    times = [row["time"] for row in read_metrics(output_dir / "metrics.jsonl")]
     return 3600.0 * (len(times) - 1) / max(times[-1] - times[0], 1e-9)
 
 

@@ -29,6 +29,7 @@ from venus_gym.protocol import (
     parse_turn,
     render_system_prompt,
     sanitize_observation,
+    sanitize_value,
 )
 from venus_gym.scoring import score_answer
 from venus_gym.tools.plugin import load_object, resolve_tool, run_tool
@@ -104,8 +105,8 @@ class DeepResearchEnv(gym.Env[str, str]):
     `turn`, `kind` (search / visit / answer / invalid), `valid`, `reason`, `intent`,
     `tool_calls` (name, arguments, ok, error, urls), `score` and `answer` on answer turns,
     `tokens_used`, `forced_final`, `budget` (None, "turns", "context" or
-    "final_turn_wasted": which limit this step hit), `task_id`, `hops`; `gold_answers`
-    only with `reveal_answer_in_info=True`. A tool call on the turn that hits `max_turns`
+    "final_turn_wasted": which limit this step hit), `task_id`, `hops`, and `raw_action`,
+    the action exactly as given; `gold_answers` only with `reveal_answer_in_info=True`. A tool call on the turn that hits `max_turns`
     is not run (its result would be replaced by the notice): its `tool_calls` entry says so.
     `env.unwrapped.judge_turn(action)` returns the validity and reason `step` would give the
     turn, without taking the step (for inference loops that retry malformed turns).
@@ -117,7 +118,11 @@ class DeepResearchEnv(gym.Env[str, str]):
     and stray `<tool_response>` tags in tool output or echoed model strings (queries,
     urls, goals) are neutralised, so a rollout can always tokenise them and no terminal
     escape reaches a log or the training text. The toolbox searches a query holding such
-    characters with U+FFFD in their place.
+    characters with U+FFFD in their place. Every other text that leaves the environment
+    goes through the same function: the action as kept in `transcript` (and in
+    `ChatHistory`'s messages), and `info`'s `reason`, `answer` and `tool_calls`
+    (arguments, errors, urls), so no forged `<|im_end|>` reaches a consumer that renders
+    them with a chat template. Only `info["raw_action"]` keeps the action as given.
 
     ## Arguments
     See `envs.config.DeepResearchConfig` (every keyword of `gym.make`, with help text):
@@ -233,14 +238,15 @@ class DeepResearchEnv(gym.Env[str, str]):
         turn_budget_hit = self.turn >= cfg.max_turns
 
         info: dict[str, Any] = {"turn": self.turn, "kind": kind, "valid": valid,
-                                "reason": reason, "intent": parsed.intent, "tool_calls": [],
-                                "forced_final": self.forced_final, "budget": None,
-                                "task_id": task.id, "hops": task.hops}
+                                "reason": sanitize_observation(reason), "intent": parsed.intent,
+                                "tool_calls": [], "forced_final": self.forced_final,
+                                "budget": None, "task_id": task.id, "hops": task.hops,
+                                "raw_action": action}
         reward, terminated, truncated = 0.0, False, False
         if kind == "answer":
             answer = parsed.answer or ""
             reward = self._score(answer, task)
-            info["answer"], info["score"] = answer, reward
+            info["answer"], info["score"] = sanitize_observation(answer), reward
             terminated, obs = True, ""
         elif kind == "invalid":
             reward = -cfg.format_penalty
@@ -256,16 +262,18 @@ class DeepResearchEnv(gym.Env[str, str]):
                 # Its result would be replaced by the notice (or the episode cut): skip the
                 # call rather than pay for a summarizer/search nobody reads.
                 obs = ""
-                info["tool_calls"] = [{"name": call.name, "arguments": call.arguments,
+                info["tool_calls"] = [{"name": call.name,
+                                       "arguments": sanitize_value(call.arguments),
                                        "ok": False, "error": "not run: turn budget reached",
                                        "urls": []}]
             else:
                 plugin = self.plugins.get(call.name)
                 outcome = (run_tool(plugin, call.arguments) if plugin is not None
                            else self.toolbox.call(call.name, call.arguments))
-                info["tool_calls"] = [{"name": call.name, "arguments": call.arguments,
-                                       "ok": outcome.ok, "error": outcome.error,
-                                       "urls": list(outcome.urls)}]
+                info["tool_calls"] = [{"name": call.name,
+                                       "arguments": sanitize_value(call.arguments),
+                                       "ok": outcome.ok, "error": sanitize_value(outcome.error),
+                                       "urls": sanitize_value(list(outcome.urls))}]
                 # Cut the body, not the frame, so the reply stays a well-formed message.
                 body = sanitize_observation(outcome.text)[: self._max_tool_text_chars]
                 obs = format_tool_response(body)
@@ -289,7 +297,7 @@ class DeepResearchEnv(gym.Env[str, str]):
         if cfg.reveal_answer_in_info:
             info["gold_answers"] = list(task.answers)
         self._done = terminated or truncated
-        self.transcript.append(("assistant", action))
+        self.transcript.append(("assistant", sanitize_observation(action)))
         if obs:
             self.transcript.append(("user", obs))
         if self.render_mode == "human":

@@ -3,6 +3,12 @@
 `ChatHistory` turns the per-turn text observations into the full chat transcript that a
 chat model consumes: [system, user(question), assistant(turn 1), user(tool reply 1), ...].
 Tool replies go back as *user* messages, as in DR-Venus (design.md "Turn format").
+
+The assistant messages are the actions as the environment shows them
+(`venus_gym.protocol.sanitize_observation`, like every observation): an action holding
+`<|im_end|>`, a control character or a lone surrogate cannot forge a turn boundary in a
+consumer that renders the transcript with a chat template. The action as given is in
+`info["raw_action"]`.
 """
 
 from __future__ import annotations
@@ -10,6 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
+
+from venus_gym.protocol import sanitize_observation
 
 from .spaces import MessageList
 
@@ -39,7 +47,7 @@ class ChatHistory(gym.Wrapper):
 
     def step(self, action: str):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        self._messages.append({"role": "assistant", "content": action})
+        self._messages.append({"role": "assistant", "content": sanitize_observation(action)})
         if obs:
             self._messages.append({"role": "user", "content": obs})
         return [dict(m) for m in self._messages], reward, terminated, truncated, info

@@ -22,7 +22,6 @@ twice and the log never holds a broken line.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -30,6 +29,8 @@ import uuid
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
+
+from venus_gym.jsonl import iter_json_lines
 
 CHECKPOINT_PREFIX = "checkpoint-"
 # Scratch and set-aside directories are hidden and never match CHECKPOINT_NAME.
@@ -113,25 +114,20 @@ def truncate_steps(path: str | Path, below: int) -> None:
     path = Path(path)
     if not path.exists():
         return
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = list(iter_json_lines(path, allow_lone_surrogates=True))  # split at "\n" only
     kept = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            step = row["step"]
-        except (json.JSONDecodeError, TypeError, KeyError):
-            if number == len(lines):
+    for position, line in enumerate(lines, 1):
+        if line.record is None or "step" not in line.record:
+            if position == len(lines):
                 # A run killed mid-write leaves a torn last line; it is a step being
                 # re-run anyway.
-                warnings.warn(f"{path}:{number}: dropping an unreadable last line",
+                warnings.warn(f"{path}:{line.lineno}: dropping an unreadable last line",
                               RuntimeWarning, stacklevel=3)
                 continue
-            raise ValueError(f"{path}:{number}: not a metrics line (JSON with a 'step'); "
+            raise ValueError(f"{path}:{line.lineno}: not a metrics line (JSON with a 'step'); "
                              "refusing to rewrite the file") from None
-        if step < below:
-            kept.append(line)
+        if line.record["step"] < below:
+            kept.append(line.text)
     temporary = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     temporary.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
     fsync_file(temporary)

@@ -174,7 +174,8 @@ def cmd_serve_retrieval(args: argparse.Namespace) -> int:
     world = load_world(args.world, **kwargs)
     index = LocalSearchIndex(world.corpus)
     server, thread, url = serve_index(index, host=args.host, port=args.port,
-                                      max_topk=args.max_topk, default_topk=args.default_topk)
+                                      max_topk=args.max_topk, default_topk=args.default_topk,
+                                      **({"backlog": args.backlog} if args.backlog else {}))
     # The first line names the endpoint (scripts and tests read it, e.g. with --port 0).
     print(f"serving {url}/retrieve", flush=True)
     print(f"{world.name}: {len(world.corpus)} pages indexed in "
@@ -200,13 +201,15 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     env_kwargs = {"world": args.world, "max_turns": args.max_turns}
     if args.world == "synthetic":
         env_kwargs.update(world_size=args.world_size, world_seed=args.world_seed)
-    app = make_app(env_kwargs, max_sessions=args.max_sessions)
-    sock = bind(args.host, args.port)
+    app = make_app(env_kwargs, max_sessions=args.max_sessions,
+                   idle_timeout_s=args.idle_timeout_s or None)
+    backlog = args.backlog or max(128, 2 * args.max_sessions)
+    sock = bind(args.host, args.port, backlog)  # listening: connects queue from here on
     host, port = sock.getsockname()[:2]
     # The first line names the server (scripts and tests read it, e.g. with --port 0).
     print(f"serving http://{host}:{port}", flush=True)
     try:
-        serve(app, sock)
+        serve(app, sock, backlog=backlog)
     except KeyboardInterrupt:
         pass
     return 0
@@ -367,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="documents per query when a request gives no topk")
     sr.add_argument("--max-topk", type=int, default=100,
                     help="most documents per query; a larger topk is cut and the reply says so")
+    sr.add_argument("--backlog", type=int, default=None,
+                    help="connections queued before they are accepted (default 128; raise it "
+                         "for larger bursts of clients)")
     sr.set_defaults(func=cmd_serve_retrieval)
 
     se = sub.add_parser("serve-env", help="serve DeepResearch-v0 over OpenEnv's protocol "
@@ -377,6 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--max-sessions", type=int, default=8, help="concurrent sessions")
     se.add_argument("--host", default="127.0.0.1", help="address to listen on")
     se.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
+    se.add_argument("--idle-timeout-s", type=float, default=600.0,
+                    help="close a session that sends nothing for this long (0: never)")
+    se.add_argument("--backlog", type=int, default=None,
+                    help="connections queued before they are accepted (default: 128 or "
+                         "twice --max-sessions, the larger)")
     se.set_defaults(func=cmd_serve_env)
     return p
 

@@ -40,6 +40,7 @@ from typing import Any
 
 from trainers.checkpoint_files import truncate_steps
 from trainers.trajectory import Trajectory, write_trajectories
+from venus_gym.jsonl import iter_json_lines, json_line
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
@@ -155,7 +156,7 @@ class MetricsLogger:
         values = _scalars(metrics)
         self._min_step = step
         row = {"step": step, "time": time.time(), **values}
-        self._file.write(dumps_json(row) + "\n")
+        self._file.write(json_line(_json_safe(row)))  # the project's one JSONL writer
         self._file.flush()
 
         finite = {k: v for k, v in values.items() if math.isfinite(v)}
@@ -262,18 +263,13 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """
     path = Path(path)
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{number}: invalid JSON ({e})") from None
-            if not isinstance(row, dict) or not _is_int(row.get("step")):
-                raise ValueError(f"{path}:{number}: a metrics line must be a JSON object "
-                                 "with an integer 'step'")
-            rows.append({k: math.nan if v is None else v for k, v in row.items()})
+    for line in iter_json_lines(path, allow_lone_surrogates=True):
+        if line.record is None:
+            raise ValueError(f"{path}:{line.lineno}: invalid JSON ({line.problem})")
+        if not _is_int(line.record.get("step")):
+            raise ValueError(f"{path}:{line.lineno}: a metrics line must be a JSON object "
+                             "with an integer 'step'")
+        rows.append({k: math.nan if v is None else v for k, v in line.record.items()})
     return rows
 
 

@@ -706,11 +706,12 @@ def clean_text(text: str) -> str:
 
 
 def sanitize_observation(text: str) -> str:
-    """Make untrusted text safe to place inside an observation.
+    """Make untrusted text safe to place inside an observation, or anywhere else text
+    leaves the environment (its transcript, `ChatHistory`'s messages, `info`).
 
     Tool output (web pages, search hits, summaries) and the model's own strings echoed back
-    (queries, urls, goals, decoded from JSON escapes) can carry what must never reach the
-    chat template as-is:
+    (queries, urls, goals, decoded from JSON escapes, the action itself in a transcript)
+    can carry what must never reach a chat template as-is:
     - control characters and lone surrogates: `clean_text` (C0 but tab and newline, DEL,
       C1, surrogates -> U+FFFD; carriage returns -> newlines);
     - chat control tokens such as `<|im_end|>`, which would close the message early and
@@ -723,6 +724,19 @@ def sanitize_observation(text: str) -> str:
         text = _CHAT_CONTROL_TOKEN.sub(r"< |\1| >", text)
         text = _RESPONSE_TAG.sub(r"&lt;\1&gt;", text)
     return text
+
+
+def sanitize_value(value: Any) -> Any:
+    """`value` with `sanitize_observation` applied to every string in it (dict keys
+    included, through lists, tuples and dicts); other values are returned as they are.
+    For structured data that leaves the environment (`info["tool_calls"]` arguments)."""
+    if isinstance(value, str):
+        return sanitize_observation(value)
+    if isinstance(value, dict):
+        return {sanitize_value(k): sanitize_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(sanitize_value(v) for v in value)
+    return value
 
 
 def format_tool_response(text: str) -> str:
@@ -748,9 +762,11 @@ def tool_call_key(call: ToolCall) -> str:
     """A canonical string for duplicate-call detection: same tool and same arguments.
 
     Argument keys are sorted, so key order in the model's JSON does not matter; list order
-    does (DR-Venus compares the sorted-key JSON, not sets of queries).
+    does (DR-Venus compares the sorted-key JSON, not sets of queries). Strings are taken as
+    the environment shows them (`sanitize_value`), so a parsed call and the same call read
+    back from `info["tool_calls"]` have one key.
     """
-    payload = {"name": call.name, "arguments": call.arguments}
+    payload = {"name": call.name, "arguments": sanitize_value(call.arguments)}
     return json.dumps(payload, sort_keys=True, ensure_ascii=False)
 
 

@@ -12,9 +12,13 @@ The server is openenv-core's own (`create_app`): `WS /ws` sessions (reset / step
 messages, one environment per session) plus `POST /reset`, `POST /step`, `GET /state`,
 `GET /schema`, `GET /health`, so any OpenEnv client (its `GenericEnvClient`, verifiers'
 OpenEnv taskset, TRL's OpenEnv examples) can play DeepResearch-v0 remotely. A bad message
-(invalid JSON, an action that is not `{"text": str}`, a step before reset or after the
-end) is answered with OpenEnv's error reply (`{"type": "error", "data": {"code", ...}}`)
-and the session stays open.
+(invalid JSON, JSON that is not an object, JSON nested too deeply, a binary frame, an action
+that is not `{"text": str}`, a step before reset or after the end) is answered with
+OpenEnv's error reply (`{"type": "error", "data": {"code", ...}}`) and the session stays
+open: `openenv_guard.SessionGuard` checks each frame before openenv-core's handler, which
+would close the session on the non-objects, the deep nesting and binary frames. A session
+silent for `idle_timeout_s` is closed. `bind` listens before it returns, so a client may
+connect as soon as the caller says where.
 
 Typed models: `DeepResearchAction(text)` is one assistant turn;
 `DeepResearchObservation` carries the environment's observation `text`, its `info` dict
@@ -45,6 +49,8 @@ from openenv.core.env_server.types import Action, Observation, State
 from pydantic import Field
 
 import envs  # noqa: F401  (registers DeepResearch-v0)
+from envs.integrations.openenv_guard import SessionGuard
+from venus_gym.tools.serving import DEFAULT_BACKLOG, check_backlog
 
 ENV_ID = "DeepResearch-v0"
 RESET_OPTIONS = ("task_id", "task_index", "question", "answer")
@@ -124,8 +130,10 @@ class DeepResearchOpenEnv(Environment[DeepResearchAction, DeepResearchObservatio
 
 def _json_safe(info: dict[str, Any]) -> dict[str, Any]:
     # Info holds tuples and, for the web backend, nested stats: one JSON round trip gives
-    # the dict the client will see.
-    return json.loads(json.dumps(info, default=str))
+    # the dict the client will see. The raw action is left out: the client sent it, and a
+    # lone surrogate in it would make the reply unencodable.
+    return json.loads(json.dumps({k: v for k, v in info.items() if k != "raw_action"},
+                                 default=str))
 
 
 class DeepResearchClient(EnvClient[DeepResearchAction, DeepResearchObservation,
@@ -146,8 +154,11 @@ class DeepResearchClient(EnvClient[DeepResearchAction, DeepResearchObservation,
         return DeepResearchState(**payload)
 
 
-def make_app(env_kwargs: dict[str, Any] | None = None, max_sessions: int = 8) -> Any:
-    """The FastAPI app serving DeepResearch-v0 with `env_kwargs` (openenv's create_app)."""
+def make_app(env_kwargs: dict[str, Any] | None = None, max_sessions: int = 8,
+             idle_timeout_s: float | None = None) -> Any:
+    """The FastAPI app serving DeepResearch-v0 with `env_kwargs` (openenv's create_app),
+    its `/ws` sessions behind `SessionGuard` (malformed frames answered, sessions silent
+    for `idle_timeout_s` closed; None = never)."""
     kwargs = dict(env_kwargs or {})
     DeepResearchOpenEnv(**kwargs).close()  # a bad argument fails here, not per session
 
@@ -155,21 +166,28 @@ def make_app(env_kwargs: dict[str, Any] | None = None, max_sessions: int = 8) ->
         return DeepResearchOpenEnv(**kwargs)
 
     factory.SUPPORTS_CONCURRENT_SESSIONS = True  # read by create_app for a factory
-    return create_app(factory, DeepResearchAction, DeepResearchObservation,
-                      env_name="deep_research", max_concurrent_envs=max_sessions)
+    app = create_app(factory, DeepResearchAction, DeepResearchObservation,
+                     env_name="deep_research", max_concurrent_envs=max_sessions)
+    app.add_middleware(SessionGuard, idle_timeout_s=idle_timeout_s)
+    return app
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (port 0: any free port), so the caller knows the port first."""
+def bind(host: str, port: int, backlog: int = DEFAULT_BACKLOG) -> socket.socket:
+    """A socket listening on host:port (port 0: any free port) with `backlog` queued
+    connections. It listens before it is returned, so connections made as soon as the
+    caller prints the address wait in the queue until the server accepts them."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(check_backlog(backlog))
     return sock
 
 
-def serve(app: Any, sock: socket.socket, log_level: str = "warning") -> None:
+def serve(app: Any, sock: socket.socket, log_level: str = "warning",
+          backlog: int = DEFAULT_BACKLOG) -> None:
     """Serve `app` on `sock` until interrupted (uvicorn, one process)."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, ws="websockets-sansio"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, ws="websockets-sansio",
+                                           backlog=check_backlog(backlog)))
     server.run(sockets=[sock])

@@ -153,7 +153,7 @@ class LLMJudge:
         model: the model name the endpoint serves.
         api_key_env: name of the environment variable holding the API key (the key itself
             never enters a config or report); unset means no Authorization header.
-        timeout_s: per-request timeout.
+        timeout_s: deadline of one request, the whole reply included.
         retries: extra attempts after a failed request (exponential backoff from
             `backoff_s`, capped at 30 s).
         max_tokens: completion budget of the grader reply.

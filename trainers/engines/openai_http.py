@@ -53,7 +53,7 @@ class OpenAIHTTPEngine(Engine):
         base_url: the API root, e.g. "http://127.0.0.1:8000/v1".
         model: the served model's name.
         api_key: sent as a bearer token when given.
-        timeout_s: per HTTP request.
+        timeout_s: deadline of one HTTP request, the whole reply included.
         max_concurrency: requests in flight at once.
         retokenize_text_with: a tokenizer to encode text-only replies (see module doc).
         presence_penalty: sent with every request when nonzero (the OpenAI API's option;

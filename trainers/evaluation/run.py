@@ -54,6 +54,7 @@ from typing import Any
 
 from trainers.config_utils import help_field
 from trainers.trajectory import Trajectory
+from venus_gym.jsonl import append_jsonl, iter_json_lines
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -235,16 +236,15 @@ def read_finished(path: Path, k: int) -> dict[int, list[Trajectory]]:
         return {}
     groups: dict[int, list[Trajectory]] = {}
     kept_lines: dict[int, list[str]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
+    # The shared reader splits at "\n" only: a U+2028 in a task's text is not a line end.
+    for line in iter_json_lines(path, allow_lone_surrogates=True):
         try:
-            trajectory = Trajectory.from_json(json.loads(line))
+            trajectory = Trajectory.from_json(line.record)
             index = int(trajectory.metadata["eval"]["task_index"])
         except (ValueError, KeyError, TypeError):
-            continue  # a line cut by a kill
+            continue  # a line cut by a kill (record None)
         groups.setdefault(index, []).append(trajectory)
-        kept_lines.setdefault(index, []).append(line)
+        kept_lines.setdefault(index, []).append(line.text)
     finished = {i: g for i, g in groups.items() if len(g) == k}
     tmp = path.with_suffix(".jsonl.tmp")
     with tmp.open("w", encoding="utf-8") as f:
@@ -343,16 +343,14 @@ def run_eval(config: EvalRunConfig, *, policy: Any = None, chat: Any = None,
 
         with results_path.open("a", encoding="utf-8") as results:
             def on_task(index: int, group: list[Trajectory], seconds: float) -> None:
-                lines = []
+                rows = []
                 for sample, trajectory in enumerate(group):
                     annotated = annotate(trajectory, task_index=index, sample=sample,
                                          task=tasks[index], wall_s=seconds, judge=judge)
                     if not config.save_token_ids:
                         annotated = _stripped(annotated)
-                    lines.append(json.dumps(annotated.to_json(), ensure_ascii=False) + "\n")
-                results.write("".join(lines))  # one task at a time: whole or not at all
-                results.flush()
-                os.fsync(results.fileno())
+                    rows.append(annotated.to_json())
+                append_jsonl(results, rows, fsync=True)  # one task at a time: whole or not
 
             started = time.perf_counter()
             evaluate(policy, chat, env_kwargs, task_split=split, k=config.k,

@@ -25,6 +25,11 @@ text and never runs.
 
 Correct means outcome >= 0.5 (trainers.evaluation.metrics.CORRECT_THRESHOLD), or the evaluation's
 own flag when the file has one.
+
+Odd input: a line that is not a JSON object, or a record the page cannot show (messages,
+turns or metadata that are not objects), is skipped; how many and why is said on the page
+and on stderr. The page is written under a temporary name and renamed when complete, so a
+failure never leaves a partial page. A URL fragment that does not decode is ignored.
 """
 
 from __future__ import annotations
@@ -37,28 +42,42 @@ from pathlib import Path
 from typing import Any
 
 from trainers.evaluation.metrics import CORRECT_THRESHOLD
+from venus_gym.jsonl import atomic_output, iter_json_lines
 
 _THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL)
 
 
-def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int]:
-    """(JSON objects of the file's lines, number of unreadable lines skipped)."""
-    records, skipped = [], 0
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            skipped += 1
-            continue
-        if isinstance(record, dict) and isinstance(record.get("messages", []), list):
-            records.append(record)
+def read_records(path: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """(JSON objects of the file's lines, "line N: why" for each line skipped)."""
+    records, skipped = [], []
+    for line in iter_json_lines(path, allow_lone_surrogates=True):  # splits at "\n" only
+        if line.record is None:
+            skipped.append(f"line {line.lineno}: {line.problem}")
         else:
-            skipped += 1
+            records.append(line.record)
     return records, skipped
+
+
+def shape_problem(record: Mapping[str, Any]) -> str:
+    """Why the page cannot show `record` ("" when it can): the fields it reads must be
+    objects, or lists of objects."""
+    for key in ("messages", "turns"):
+        items = record.get(key) or []
+        if not isinstance(items, list):
+            return f"'{key}' must be a list of objects, got {type(items).__name__}"
+        for index, item in enumerate(items):
+            if not isinstance(item, dict):
+                return f"'{key}[{index}]' must be an object, got {type(item).__name__}"
+    metadata = record.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        return f"'metadata' must be an object, got {type(metadata).__name__}"
+    if not isinstance(metadata.get("eval") or {}, dict):
+        return f"'metadata.eval' must be an object, got {type(metadata['eval']).__name__}"
+    if not isinstance(record.get("answers") or [], list):
+        return f"'answers' must be a list, got {type(record['answers']).__name__}"
+    return ""
 
 
 def split_turn(text: str) -> list[dict[str, str]]:
@@ -132,29 +151,53 @@ def _sum_known(*values: Any) -> float | None:
 
 
 def embedded_json(value: Any) -> str:
-    """JSON that is safe inside a <script> block: no '<', '>' or '&' characters."""
-    return (json.dumps(value, ensure_ascii=False, allow_nan=False, default=str)
-            .replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+    """JSON that is safe inside a <script> block: no '<', '>' or '&' characters; a string
+    UTF-8 cannot encode (a lone surrogate) makes it all-ASCII, so the page can be written."""
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False, default=str)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(value, allow_nan=False, default=str)
+    return (text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-def render_page(items: list[dict[str, Any]], title: str) -> str:
-    """The whole HTML page for the view items."""
-    data = embedded_json({"title": title, "items": items})
+def render_page(items: list[dict[str, Any]], title: str,
+                skipped: list[str] | None = None) -> str:
+    """The whole HTML page for the view items (and the reasons records were skipped)."""
+    data = embedded_json({"title": title, "items": items, "skipped": skipped or []})
     safe_title = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return (_PAGE.replace("__TITLE__", safe_title).replace("__STYLE__", _STYLE)
             .replace("__SCRIPT__", _SCRIPT).replace("__DATA__", data))
 
 
-def write_viewer(path: str | Path, output: str | Path, title: str | None = None) -> tuple[Path, int]:
-    """Write the page for a trajectory JSONL; returns (its path, trajectories shown)."""
-    records, skipped = read_records(path)
-    if not records:
-        raise ValueError(f"{path} has no trajectory lines ({skipped} unreadable)")
-    items = [view_item(r) for r in _finite(records)]
+def write_viewer(path: str | Path, output: str | Path, title: str | None = None,
+                 skipped: list[str] | None = None) -> tuple[Path, int]:
+    """Write the page for a trajectory JSONL; returns (its path, trajectories shown).
+
+    Records that cannot be shown are skipped; "line N: why" for each is appended to
+    `skipped` (and listed on the page). The page is written atomically.
+    """
+    records, reasons = read_records(path)
+    items = []
+    for record in _finite(records):
+        problem = shape_problem(record)
+        if not problem:
+            try:
+                items.append(view_item(record))
+                continue
+            except (AttributeError, TypeError, ValueError, KeyError) as e:  # a safety net
+                problem = f"cannot be shown ({type(e).__name__}: {e})"
+        reasons.append(f"record {record.get('id', '?')!s:.60}: {problem}")
+    if skipped is not None:
+        skipped.extend(reasons)
+    if not items:
+        raise ValueError(f"{path} has no trajectory the page can show ({len(reasons)} "
+                         f"skipped{': ' + reasons[0] if reasons else ''})")
     output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(render_page(items, title or Path(path).name), encoding="utf-8")
+    page = render_page(items, title or Path(path).name, reasons)
+    with atomic_output(output) as temporary:
+        temporary.write_text(page, encoding="utf-8", errors="replace")
     return output, len(items)
 
 
@@ -172,11 +215,16 @@ def _finite(value: Any) -> Any:
 def main_args(args: Any) -> int:
     import sys
 
+    skipped: list[str] = []
     try:
-        output, count = write_viewer(args.file, args.output)
+        output, count = write_viewer(args.file, args.output, skipped=skipped)
     except (OSError, ValueError) as e:
         print(f"venus-gym view: {e}", file=sys.stderr)
         return 2
+    if skipped:
+        print(f"venus-gym view: skipped {len(skipped)} record(s) that cannot be shown:\n  "
+              + "\n  ".join(skipped[:20]) + ("\n  ..." if len(skipped) > 20 else ""),
+              file=sys.stderr)
     print(f"wrote {output} ({count} trajectories); open it in a browser")
     return 0
 
@@ -188,7 +236,7 @@ style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>__TITLE__</title><style>__STYLE__</style></head>
 <body>
-<header><h1 id="title"></h1>
+<header><h1 id="title"></h1><details id="skipped" hidden><summary></summary><ul></ul></details>
 <form id="filters">
 <label>outcome <select id="f-outcome"><option value="">all</option>
 <option value="correct">correct</option><option value="wrong">wrong</option></select></label>
@@ -248,8 +296,12 @@ function readHash() {
   for (const pair of location.hash.replace(/^#/, "").split("&")) {
     if (!pair) continue;
     const at = pair.indexOf("=");
-    const key = decodeURIComponent(at < 0 ? pair : pair.slice(0, at));
-    out[key] = decodeURIComponent(at < 0 ? "" : pair.slice(at + 1));
+    try {
+      const key = decodeURIComponent(at < 0 ? pair : pair.slice(0, at));
+      out[key] = decodeURIComponent(at < 0 ? "" : pair.slice(at + 1));
+    } catch (e) {
+      continue;  // a hand-edited fragment that does not decode ("100%"): ignored
+    }
   }
   return out;
 }
@@ -356,6 +408,13 @@ function renderDetail() {
 }
 function init() {
   $("title").textContent = DATA.title + " (" + ITEMS.length + " trajectories)";
+  if (DATA.skipped.length) {
+    const box = $("skipped");
+    box.hidden = false;
+    box.querySelector("summary").textContent = "skipped " + DATA.skipped.length +
+      " record" + (DATA.skipped.length > 1 ? "s" : "") + " that cannot be shown";
+    for (const reason of DATA.skipped.slice(0, 100)) box.querySelector("ul").append(el("li", null, reason));
+  }
   const hops = [...new Set(ITEMS.map((i) => i.hops).filter((h) => h !== null))].sort((a, b) => a - b);
   for (const h of hops) { const o = el("option", null, h); o.value = String(h); $("f-hops").append(o); }
   const wanted = readHash();
@@ -374,5 +433,5 @@ init();
 """
 
 
-__all__ = ["embedded_json", "read_records", "render_page", "split_turn", "view_item",
-           "write_viewer"]
+__all__ = ["embedded_json", "read_records", "render_page", "shape_problem", "split_turn",
+           "view_item", "write_viewer"]

@@ -3,6 +3,7 @@ and the backends behind them; plug-in tools (`plugin.Tool`, e.g. the calculator)
 them. The environment talks to a `Toolbox` and to its plug-ins."""
 
 from .base import (
+    CacheError,
     CacheMissError,
     ChainedPageStore,
     CorpusPageStore,
@@ -38,6 +39,7 @@ __all__ = [
     "registered_tools",
     "resolve_tool",
     "run_tool",
+    "CacheError",
     "CacheMissError",
     "SEPARATOR",
     "VISIT_FAILED_EVIDENCE",

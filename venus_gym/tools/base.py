@@ -52,7 +52,18 @@ class ToolBackendError(RuntimeError):
     """
 
 
-class CacheMissError(LookupError):
+class CacheError(LookupError):
+    """A tool cache cannot be used: a file that is not a usable cache, a table or row that
+    cannot be read, a stored answer of the wrong shape. The message names the file (and
+    the request's key when one is concerned).
+
+    Raised rather than shown to the agent, like CacheMissError (its subclass): a replay
+    that made up observations for what it cannot read would silently differ from its
+    recording.
+    """
+
+
+class CacheMissError(CacheError):
     """A replay cache has no entry for a tool request.
 
     The one tool failure that is raised rather than shown to the agent: a replayed run must

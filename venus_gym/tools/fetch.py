@@ -14,7 +14,8 @@ The agent chooses the urls, so a fetch is a request on behalf of an untrusted pa
   between check and connect (DNS rebinding);
 - re-checks every redirect the same way (at most `max_redirects`);
 - stops reading at `max_bytes` (the page is cut there) and gives up after `timeout_s` in
-  all, redirects included;
+  all, redirects and retries included: a deadline, not a per-read timeout, so a server
+  trickling its headers or body cannot hold the fetch longer;
 - accepts HTML, XHTML and plain text, and PDF only with `allow_pdf` (needs pypdf).
 
 `allow_hosts` opens specific hosts past the address check ("intranet.example",
@@ -45,6 +46,7 @@ from venus_gym.corpus import Page
 
 from .base import ToolBackendError
 from .cache import CostMeter
+from .deadline import Deadline, DeadlineExceeded, DeadlineHTTPConnection, bind_to_deadline
 
 Resolver = Callable[[str, int], list[str]]
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
@@ -121,16 +123,24 @@ class FetchedDocument:
 
 
 class _PinnedHTTPSConnection(http.client.HTTPSConnection):
-    """HTTPS to a fixed, already checked address; SNI and certificate use `server_name`."""
+    """HTTPS to a fixed, already checked address; SNI and certificate use `server_name`.
+    Connect, handshake, request and response all end by `deadline`."""
 
-    def __init__(self, address: str, port: int, server_name: str, timeout: float,
+    def __init__(self, address: str, port: int, server_name: str, deadline: Deadline,
                  context: ssl.SSLContext):
-        super().__init__(address, port, timeout=timeout, context=context)
+        super().__init__(address, port, timeout=deadline.remaining(), context=context)
         self.server_name = server_name
+        self.deadline = deadline
 
     def connect(self) -> None:
-        sock = socket.create_connection((self.host, self.port), self.timeout)
-        self.sock = self._context.wrap_socket(sock, server_hostname=self.server_name)
+        sock = socket.create_connection((self.host, self.port), self.deadline.remaining())
+        try:
+            sock.settimeout(self.deadline.remaining())  # the handshake gets the time left
+            wrapped = self._context.wrap_socket(sock, server_hostname=self.server_name)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = bind_to_deadline(wrapped, self.deadline)
 
 
 class GuardedFetcher:
@@ -139,11 +149,13 @@ class GuardedFetcher:
     allow_hosts:   hosts ("example.org") or host:port pairs ("127.0.0.1:8080") exempt from
                    the address check.
     max_bytes:     most body bytes read; the rest is not downloaded and the page is cut.
-    timeout_s:     total time for one fetch, redirects included (also the socket timeout).
+    timeout_s:     deadline of one fetch: connects, redirects, retries and every byte of
+                   the body (`venus_gym.tools.deadline`), not a per-read timeout.
     max_redirects: redirects followed, each one checked like the first request.
     allow_pdf:     accept application/pdf (text via pypdf).
     retries:       further attempts after a 429/5xx, timeout or connection failure, waiting
-                   backoff_s, 2*backoff_s, ... (`sleep` is injectable).
+                   backoff_s, 2*backoff_s, ... (`sleep` is injectable), while the
+                   deadline leaves time for the wait.
     resolver:      (host, port) -> addresses; default getaddrinfo.
     clock:         monotonic clock for the total time limit (injectable).
     context:       SSL context (default: system trust store, hostname checked).
@@ -201,15 +213,17 @@ class GuardedFetcher:
     def fetch_document(self, url: str) -> FetchedDocument:
         """The raw document at `url` (redirects followed), with retries; raises
         FetchRefused or FetchFailed."""
+        deadline = Deadline(self.timeout_s, self.clock)
         delay = self.backoff_s
         for attempt in range(self.retries + 1):
             try:
-                return self._fetch_once(url)
+                return self._fetch_once(url, deadline)
             except FetchFailed as e:
                 retryable = e.status is None or e.status == 429 or e.status >= 500
-                if attempt == self.retries or not retryable:
+                wait = min(delay, self.max_backoff_s)
+                if attempt == self.retries or not retryable or wait >= deadline.left():
                     raise
-                self.sleep(min(delay, self.max_backoff_s))
+                self.sleep(wait)
                 delay *= 2
         raise AssertionError("unreachable")
 
@@ -248,27 +262,19 @@ class GuardedFetcher:
             target += "?" + parts.query
         return scheme, host, port, addresses[0], target
 
-    def _remaining(self, deadline: float, url: str) -> float:
-        left = deadline - self.clock()
-        if left <= 0:
-            raise FetchFailed(f"{url} took longer than {self.timeout_s} s")
-        return left
-
-    def _fetch_once(self, url: str) -> FetchedDocument:
-        deadline = self.clock() + self.timeout_s
+    def _fetch_once(self, url: str, deadline: Deadline) -> FetchedDocument:
         current = url
         for _ in range(self.max_redirects + 1):
             scheme, host, port, address, target = self._check(current)
-            timeout = self._remaining(deadline, current)
-            if scheme == "https":
-                context = self.context or ssl.create_default_context()
-                conn: http.client.HTTPConnection = _PinnedHTTPSConnection(
-                    address, port, host, timeout, context)
-            else:
-                conn = http.client.HTTPConnection(address, port, timeout=timeout)
             default_port = 443 if scheme == "https" else 80
             host_header = _host_entry(host, None if port == default_port else port)
+            conn: http.client.HTTPConnection | None = None
             try:
+                if scheme == "https":
+                    context = self.context or ssl.create_default_context()
+                    conn = _PinnedHTTPSConnection(address, port, host, deadline, context)
+                else:
+                    conn = DeadlineHTTPConnection(address, port, deadline=deadline)
                 conn.request("GET", target, headers={
                     "Host": host_header, "User-Agent": self.user_agent,
                     "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9"
@@ -287,19 +293,23 @@ class GuardedFetcher:
                 if response.status >= 400:
                     raise FetchFailed(f"{current} answered HTTP {response.status}",
                                       response.status)
-                return self._read(response, conn, current, deadline)
-            except TimeoutError as e:
+                return self._read(response, current)
+            except DeadlineExceeded as e:
+                raise FetchFailed(f"{current} took longer than {self.timeout_s} s") from e
+            except TimeoutError as e:  # the time left ran out inside one read
                 raise FetchFailed(f"{current} did not answer within {self.timeout_s} s") from e
             except ssl.SSLError as e:
                 raise FetchRefused(f"refused {current!r}: TLS failed ({e})") from None
             except (OSError, http.client.HTTPException) as e:
                 raise FetchFailed(f"{current} unreachable: {type(e).__name__}: {e}") from e
             finally:
-                conn.close()
+                if conn is not None:
+                    conn.close()
         raise FetchRefused(f"refused {url!r}: more than {self.max_redirects} redirects")
 
-    def _read(self, response: http.client.HTTPResponse, conn: http.client.HTTPConnection,
-              url: str, deadline: float) -> FetchedDocument:
+    def _read(self, response: http.client.HTTPResponse, url: str) -> FetchedDocument:
+        """The body, up to max_bytes; every read is under the fetch's deadline (its
+        connection's), so a trickling body ends the fetch at the deadline."""
         content_type = response.getheader("Content-Type") or ""
         media = content_type.split(";", 1)[0].strip().lower()
         accepted = HTML_TYPES + TEXT_TYPES + (PDF_TYPES if self.allow_pdf else ())
@@ -312,9 +322,6 @@ class GuardedFetcher:
             charset = match.group(1)
         chunks, size, truncated = [], 0, False
         while True:
-            left = self._remaining(deadline, url)
-            if conn.sock is not None:
-                conn.sock.settimeout(left)
             chunk = response.read(min(_CHUNK, self.max_bytes - size + 1))
             if not chunk:
                 break

@@ -1,6 +1,7 @@
 """JSON over HTTP for remote backends (retrieval servers, OpenAI-compatible endpoints).
 
-Standard library only (urllib), so the environment needs no HTTP client package. Every
+Standard library only (urllib), so the environment needs no HTTP client package. A
+request's `timeout_s` is a deadline for all of it (`venus_gym.tools.deadline`). Every
 failure — HTTP error status, timeout, unreachable host, a reply that is not JSON or not a
 chat completion — becomes a `ToolBackendError` whose message names the service (`what`),
 its url and the cause; callers turn it into an observation or a clear error.
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .base import ToolBackendError
+from .deadline import Deadline, open_url, read_error_body
 
 
 class HTTPStatusError(ToolBackendError):
@@ -28,15 +30,19 @@ class HTTPStatusError(ToolBackendError):
 
 def post_json(url: str, payload: Any, *, timeout_s: float, what: str,
               headers: Mapping[str, str] | None = None) -> Any:
-    """POST `payload` as JSON to `url` and return the decoded JSON reply."""
+    """POST `payload` as JSON to `url` and return the decoded JSON reply.
+
+    `timeout_s` is a deadline for the whole request, reply body included
+    (`venus_gym.tools.deadline`): a server that trickles its answer cannot stretch it.
+    """
     all_headers = {"Content-Type": "application/json", **(headers or {})}
     request = urllib.request.Request(url, data=json.dumps(payload).encode("utf-8"),
                                      headers=all_headers, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with open_url(request, Deadline(timeout_s)) as response:
             raw = response.read()
     except urllib.error.HTTPError as e:
-        detail = e.read()[:300].decode("utf-8", "replace")
+        detail = read_error_body(e, 300)
         raise HTTPStatusError(f"{what} {url} answered HTTP {e.code}: {detail}", e.code) from None
     except TimeoutError as e:  # socket.timeout is TimeoutError since Python 3.10
         raise ToolBackendError(f"{what} {url} did not answer within {timeout_s} s") from e

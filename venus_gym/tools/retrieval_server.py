@@ -25,7 +25,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from venus_gym.corpus import Page
@@ -33,6 +33,7 @@ from venus_gym.corpus import Page
 from .base import SearchHit, ToolBackendError, default_snippet
 from .http import post_json
 from .index import LocalSearchIndex
+from .serving import DEFAULT_BACKLOG, BurstHTTPServer, check_backlog
 
 
 def _document_page(doc: Any, url_prefix: str) -> Page:
@@ -66,7 +67,7 @@ class RetrievalServerBackend:
     """Client for a Search-R1-compatible retrieval server. A `SearchBackend` and `PageStore`.
 
     url:           base url ("http://host:8000") or the full ".../retrieve" endpoint.
-    timeout_s:     per-request timeout.
+    timeout_s:     deadline of one request, the whole reply included (not per read).
     snippet_chars: snippet length for documents that bring none (most retrievers).
     url_prefix:    documents without a url are named `{url_prefix}{id}`.
     cache_pages:   how many returned documents `fetch` remembers (least recent dropped).
@@ -253,8 +254,8 @@ def _request_queries(request: Any, max_queries: int, max_query_chars: int
 def serve_index(index: LocalSearchIndex, host: str = "127.0.0.1", port: int = 0,
                 max_topk: int = 100, default_topk: int = 3, max_queries: int = 1024,
                 max_query_chars: int = 10_000, max_body_bytes: int = 8 << 20,
-                idle_timeout_s: float = 120.0
-                ) -> tuple[ThreadingHTTPServer, threading.Thread, str]:
+                idle_timeout_s: float = 120.0, backlog: int = DEFAULT_BACKLOG
+                ) -> tuple[BurstHTTPServer, threading.Thread, str]:
     """Serve `index` over the retrieval-server protocol from a background thread.
 
     Returns (server, thread, base_url); port 0 picks a free port. Stop with
@@ -263,7 +264,9 @@ def serve_index(index: LocalSearchIndex, host: str = "127.0.0.1", port: int = 0,
 
     HTTP/1.1 with keep-alive: every reply has a Content-Length and a connection serves any
     number of requests (one idle longer than `idle_timeout_s` is closed). One thread per
-    connection.
+    connection; the listen backlog (`backlog`, default 128) holds a burst of clients
+    connecting at once, and a client that disconnects early is logged as one line
+    (`venus_gym.tools.serving`).
 
     Requests are checked before any search: "queries" a list of strings or "query" a string
     (at most `max_queries`, each at most `max_query_chars` characters); "topk" missing, null
@@ -280,6 +283,7 @@ def serve_index(index: LocalSearchIndex, host: str = "127.0.0.1", port: int = 0,
         raise ValueError(f"default_topk must be in [1, max_topk={max_topk}], got {default_topk}")
     if max_queries < 1 or max_query_chars < 1 or max_body_bytes < 1:
         raise ValueError("max_queries, max_query_chars and max_body_bytes must be >= 1")
+    check_backlog(backlog)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: clients reuse one connection
@@ -391,8 +395,7 @@ def serve_index(index: LocalSearchIndex, host: str = "127.0.0.1", port: int = 0,
 
         do_GET = do_PUT = do_DELETE = do_PATCH = _refuse_method
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
+    server = BurstHTTPServer((host, port), Handler, backlog=backlog, name="retrieval server")
     # A short poll interval so that shutdown() returns quickly (tests start many servers).
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                               name="venus-retrieval-server", daemon=True)

@@ -243,7 +243,7 @@ class OpenAISummarizer:
     base_url:       e.g. "http://127.0.0.1:8000/v1" (the path `/chat/completions` is added).
     model:          model name sent with each request.
     api_key:        sent as a Bearer token when given (local servers usually need none).
-    timeout_s:      per-request socket timeout.
+    timeout_s:      deadline of one request, the whole reply included (not per read).
     max_page_chars: page budget; DR-Venus truncates to ~95K tokens, ~4 characters each.
     extra_body:     merged into the request (temperature, max_tokens, chat_template_kwargs...).
     on_usage:       called with (prompt_tokens, completion_tokens) of every reply (cost

@@ -5,8 +5,9 @@ their answers in DR-Venus's formats (design.md "Turn format") and never raises f
 failure: exceptions and timeouts are retried with exponential backoff, then shown to the
 agent as an error text (`ToolOutcome.ok` False, `.error` saying what went wrong). A policy
 in RL training meets broken tools as observations, like any other, instead of crashing a
-rollout worker. The one exception is `CacheMissError` (a replay cache lacks a request),
-which is raised: replay must reproduce recorded observations, not invent new ones.
+rollout worker. The one exception is `CacheError` (a replay cache lacks a request, or a
+cache file, table or row cannot be read), which is raised: replay must reproduce recorded
+observations, not invent new ones.
 
 Deviation from DR-Venus: the public code lets a search call carry any number of queries and
 a visit any number of urls; we cap both (`max_queries`, `max_urls`), run the first ones and
@@ -36,7 +37,7 @@ from typing import Any, TypeVar
 from venus_gym.protocol import clean_text
 
 from .base import (
-    CacheMissError,
+    CacheError,
     PageStore,
     PageSummary,
     SearchBackend,
@@ -266,7 +267,7 @@ class Toolbox:
                 if self.timeout_s is None:
                     return fn(*args), None
                 return self._with_timeout(fn, args), None
-            except CacheMissError:
+            except CacheError:  # a replay that cannot answer stops; it never makes one up
                 raise
             except TRANSIENT_ERRORS as e:
                 error = f"{type(e).__name__}: {e}"

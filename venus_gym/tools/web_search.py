@@ -11,7 +11,8 @@
 
 All three share `JsonClient`: a minimum interval between requests (rate limit), retries
 with exponential backoff on HTTP 429, 5xx, timeouts and connection failures (a Retry-After
-header is honoured up to the backoff cap), a per-request timeout, and counts in a
+header is honoured up to the backoff cap), a deadline per request attempt (the whole reply
+must arrive within `timeout_s`, however slowly the server sends it), and counts in a
 `CostMeter`. The sleep and clock are injectable, so tests neither wait nor time anything.
 
 API keys come from environment variables only (`api_key_env` names the variable), never
@@ -34,6 +35,7 @@ from typing import Any
 
 from .base import SearchHit, ToolBackendError
 from .cache import CostMeter
+from .deadline import Deadline, open_url, read_error_body
 from .http import HTTPStatusError
 from .retrieval_server import RetrievalServerBackend
 
@@ -57,7 +59,7 @@ class JsonClient:
     """JSON requests to one service with rate limiting, retries, timeouts and accounting.
 
     what:            the service's name in error messages.
-    timeout_s:       per-request socket timeout.
+    timeout_s:       deadline of one request attempt, reply included (not per read).
     retries:         further attempts after a retryable failure (429, 5xx, timeout,
                      connection error); waits backoff_s, 2*backoff_s, ... capped at
                      max_backoff_s (or the server's Retry-After, under the same cap).
@@ -140,10 +142,10 @@ class JsonClient:
         if self.meter is not None:
             self.meter.add(search_calls=1)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with open_url(request, Deadline(self.timeout_s)) as response:
                 raw = response.read(_MAX_REPLY_BYTES + 1)
         except urllib.error.HTTPError as e:
-            detail = e.read(300).decode("utf-8", "replace")
+            detail = read_error_body(e, 300)
             error = HTTPStatusError(f"{self.what} {url} answered HTTP {e.code}: {detail}",
                                     e.code)
             retry_after = e.headers.get("Retry-After") if e.headers else None
