@@ -76,7 +76,8 @@ class EvalRunConfig:
 
     out: str = _f("", "Output directory (results.jsonl, summary.json, report.md/.html).")
     policy: str | None = _f(None, "A saved policy directory (save_pretrained with its "
-                            "tokenizer, e.g. runs/demo/sft/final), or 'warm-start' (the policy packaged "
+                            "tokenizer, e.g. runs/demo/sft/final), a .gguf file, a hub id in the "
+                            "local Hugging Face cache, or 'warm-start' (the policy packaged "
                             "with venus-gym).")
     endpoint: str | None = _f(None, "An OpenAI-compatible API root, e.g. "
                               "http://127.0.0.1:8000/v1 (instead of --policy).")

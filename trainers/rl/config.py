@@ -46,9 +46,11 @@ class PolicyConfig:
 
     path: str = help_field("Local directory with the model and its tokenizer (save_pretrained), "
                            "e.g. the SFT run's final/ directory, or a .gguf file (de-quantised "
-                           "on every load; engine hf only), or 'warm-start': the policy "
-                           "packaged with venus-gym (trainers/warm_start/README.md). Its "
-                           "tokenizer's chat template is used and must be prefix-stable.", "")
+                           "on every load; engine hf only), or a hub id ('org/name') in the "
+                           "local Hugging Face cache (never downloaded), or 'warm-start': the "
+                           "policy packaged with venus-gym (trainers/warm_start/README.md). "
+                           "Its tokenizer's chat template is used and must be prefix-stable.",
+                           "")
     threads: int = help_field("torch intra-op threads per process (0 = leave as is).", 0)
 
 
@@ -264,7 +266,8 @@ class RLConfig:
             ("learner.num_learners > 1", self.learner.num_learners > 1),
             ("env.shared_search", self.env.shared_search)) if on]
         problems = [
-            (bool(self.policy.path), "policy.path must name a model directory"),
+            (bool(self.policy.path), "policy.path must name a model (a directory, a .gguf "
+             "file, a cached hub id or warm-start)"),
             (self.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
             (self.rollout.queries_per_step >= 1, "rollout.queries_per_step must be >= 1"),
             (self.rollout.engine in ("hf", "vllm", "openai"),

