@@ -425,7 +425,18 @@ def config_from_args(args: Any) -> EvalRunConfig:
             raise ValueError(f"--env takes KEY=VALUE, got {item!r}")
         parsed = yaml.safe_load(value)
         env[key.strip()] = tuple(parsed) if isinstance(parsed, list) else parsed
-    return EvalRunConfig(**values, env=env)
+    overrides = list(getattr(args, "overrides", None) or [])
+    if not overrides:
+        return EvalRunConfig(**values, env=env)
+    # KEY=VALUE overrides on top of the options (e.g. k=4, env.search_top_k=3), typed and
+    # checked as in the training configs (trainers.config_utils).
+    from trainers.config_utils import config_with_overrides
+
+    config = config_with_overrides(EvalRunConfig, {**values, "env": env}, overrides,
+                                   where="venus-gym eval")
+    config.env = {key: tuple(value) if isinstance(value, list) else value
+                  for key, value in config.env.items()}
+    return config
 
 
 def add_arguments(parser: Any) -> None:
@@ -448,11 +459,23 @@ def add_arguments(parser: Any) -> None:
                             required=name == "out", help=helps[name])
     parser.add_argument("--env", action="append", metavar="KEY=VALUE", help=helps["env"])
     parser.add_argument("--save-token-ids", action="store_true", help=helps["save_token_ids"])
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
+                        help="settings as dotted.key=value, e.g. k=4 env.search_top_k=3 "
+                             "(the fields above by their config names; applied after the "
+                             "options)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved settings as YAML and exit")
 
 
 def main_args(args: Any) -> int:
     try:
         config = config_from_args(args)
+        if getattr(args, "print_config", False):
+            from trainers.config_utils import config_to_yaml
+
+            config.validate()
+            print(config_to_yaml(config), end="")
+            return 0
         summary = run_eval(config)
     except (ValueError, FileNotFoundError) as e:
         print(f"venus-gym eval: {e}", file=sys.stderr)

@@ -25,6 +25,7 @@ Defaults follow DR-Venus stage 2 (design.md "RL") where they make sense at any s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -340,9 +341,10 @@ class RLConfig:
         return getattr(loss, "tis_cap", None)
 
 
-def load_rl_config(path: str | Path) -> RLConfig:
-    """Load a YAML file into RLConfig (unknown keys refused, with their path)."""
-    return load_yaml_config(path, RLConfig)
+def load_rl_config(path: str | Path, overrides: Sequence[str] = ()) -> RLConfig:
+    """Load a YAML file into RLConfig (unknown keys refused, with their path), with
+    `dotted.key=value` overrides on top (trainers.config_utils)."""
+    return load_yaml_config(path, RLConfig, overrides)
 
 
 def rl_config_to_dict(config: RLConfig) -> dict[str, Any]:

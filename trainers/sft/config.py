@@ -12,6 +12,7 @@ scratch needs ~1e-3, which the example configs set explicitly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -286,6 +287,8 @@ class SFTExperimentConfig:
                 "world_seed": world_seed}
 
 
-def load_config(path: str | Path, config_class: type = SFTExperimentConfig) -> Any:
-    """Load a YAML config file into `config_class`."""
-    return load_yaml_config(path, config_class)
+def load_config(path: str | Path, config_class: type = SFTExperimentConfig,
+                overrides: Sequence[str] = ()) -> Any:
+    """Load a YAML config file into `config_class`, with `dotted.key=value` overrides on top
+    (trainers.config_utils)."""
+    return load_yaml_config(path, config_class, overrides)
