@@ -17,7 +17,7 @@ $(STAMP): setup.cfg pyproject.toml
 	# torch pinned first: on this project's machines 2.13.0 is a local CPU wheel, while an
 	# unpinned torch (asked for by transformers or ray) would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[train,dev,web,lora,retrieval,trl,rllib]"
+	$(BIN)/python -m pip install -q -e ".[train,dev,web,lora,retrieval,trl,rllib,wandb]"
 	# Peer clients the retrieval server is tested against, unmodified: SkyRL-gym's search tool
 	# and GEM's (gem-llm without its heavy task dependencies; its search tool needs msgspec).
 	$(BIN)/python -m pip install -q skyrl-gym msgspec
