@@ -24,7 +24,7 @@ from venus_gym.protocol import (
     register_tool_schema,
     render_system_prompt,
 )
-from venus_gym.tools import CacheMissError
+from venus_gym.tools import CacheMissError, ToolBackendError
 from venus_gym.tools.mcp_tools import MCPConnection, close_mcp_connections
 
 pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install -e .[mcp])")
@@ -240,7 +240,8 @@ def test_bad_specs_and_a_missing_sdk_fail_with_the_fix(monkeypatch):
                                                           "timeout": 3}}], **SMALL)
     with pytest.raises(ValueError, match="applies to backend='web' and to MCP servers"):
         gym.make("DeepResearch-v0", cache_mode="record", cache_path="x.sqlite", **SMALL)
-    with pytest.raises(Exception, match=r"MCP server http://127.0.0.1:9/mcp: cannot connect"):
+    with pytest.raises(ToolBackendError, match=r"MCP server http://127.0.0.1:9/mcp: cannot "
+                                               "connect"):
         gym.make("DeepResearch-v0", extra_tools=[{"mcp": {"url": "http://127.0.0.1:9/mcp",
                                                           "connect_timeout_s": 5}}], **SMALL)
     monkeypatch.setitem(sys.modules, "mcp", None)
