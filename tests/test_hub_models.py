@@ -1,8 +1,8 @@
 """Hub ids as model paths: a model in the local Hugging Face cache (laid out here the way
 huggingface_hub lays it out: blobs, refs/main, snapshots/COMMIT with symlinks) loads by its
 id as an RL / eval policy and as an SFT base, with the network blocked; a snapshot
-directory works as a plain directory; an id that is not cached fails naming what was
-tried; a GGUF-only snapshot stands for its .gguf file."""
+directory works as a plain directory; `warm-start` is an SFT base as well; an id that is
+not cached fails naming what was tried; a GGUF-only snapshot stands for its .gguf file."""
 
 from __future__ import annotations
 
@@ -115,6 +115,17 @@ def test_a_cached_hub_id_is_a_policy_and_an_sft_base(hub_cache):
     # the snapshot directory itself is a plain model directory
     model, _, _ = load_policy(hub_cache["snapshot"])
     assert torch.equal(logits(model.eval(), ids), expected)
+
+
+def test_the_packaged_warm_start_is_an_sft_base_too():
+    from trainers.models import load_causal_lm, warm_start_dir
+
+    config = ModelConfig(name="warm-start", tokenizer="model")
+    tokenizer = build_tokenizer(config, {})
+    model = build_model(config, tokenizer)
+    packaged = load_causal_lm(warm_start_dir())
+    ids = tokenizer("a small corpus")["input_ids"]
+    assert torch.equal(logits(model.eval(), ids), logits(packaged, ids))
 
 
 def test_an_id_that_is_not_cached_fails_naming_what_was_tried(hub_cache):
