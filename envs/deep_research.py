@@ -32,6 +32,7 @@ from venus_gym.protocol import (
     sanitize_value,
 )
 from venus_gym.scoring import score_answer
+from venus_gym.tools.mcp_tools import is_mcp_spec, mcp_tools
 from venus_gym.tools.plugin import load_object, resolve_tool, run_tool
 
 from .config import DeepResearchConfig
@@ -140,7 +141,11 @@ class DeepResearchEnv(gym.Env[str, str]):
     ## Plug-in tools, vector envs, branching
     `extra_tools` adds plug-in tools (venus_gym.tools.plugin; e.g. "calculator") after
     search and visit: their schemas join the system prompt, the parser checks calls to
-    them, and their text is the observation. `gym.make_vec("DeepResearch-v0", num_envs=N,
+    them, and their text is the observation. An entry `{"mcp": URL or command line or
+    mapping}` offers every tool of an MCP server (venus_gym.tools.mcp_tools), called through
+    the toolbox like search and visit (timeouts, retries, record/replay with `cache_mode`,
+    `info["cost"]["plugin_calls"]`); a hung, crashed or misbehaving server is an
+    observation. `gym.make_vec("DeepResearch-v0", num_envs=N,
     vectorization_mode="sync" | "async")` works through Gymnasium's vector API (observations
     are tuples of str; finished environments reset on their next step).
     `get_state()` / `set_state(state)` snapshot and restore an episode (task, turn, budgets,
@@ -166,6 +171,9 @@ class DeepResearchEnv(gym.Env[str, str]):
       Corpus-backed environments are unchanged.
     - v0, `extra_tools`, `reward_fn`, `get_state`/`set_state` and async vector support
       added; with their defaults episodes are unchanged.
+    - v0, MCP servers in `extra_tools`; plug-in calls go through the toolbox (its timeout
+      and retries of transient failures); tool schemas may use object, null, enum and
+      union types. Episodes without plug-ins are unchanged.
     """
 
     metadata = {"render_modes": ["ansi", "human"]}
@@ -184,6 +192,9 @@ class DeepResearchEnv(gym.Env[str, str]):
             self.config, self.world, index)
         self.count_tokens = self.config.token_counter or approx_token_count
         self.plugins = self._plug_in(self.config.extra_tools)
+        # The cost report: the web's spending, or MCP servers' calls.
+        self._reports_cost = self.config.backend == "web" or any(
+            map(is_mcp_spec, self.config.extra_tools))
         self.offered_tools: tuple[str, ...] = (*self.config.tools, *self.plugins)
         self.reward_fn = self._reward_callable(self.config.reward_fn)
         self.system_prompt = render_system_prompt(self.offered_tools, date=self.config.date,
@@ -214,7 +225,7 @@ class DeepResearchEnv(gym.Env[str, str]):
                 "tokens_used": self.tokens_used}
         if self.config.reveal_answer_in_info:
             info["gold_answers"] = list(self.task.answers)
-        if self.config.backend == "web":
+        if self._reports_cost:
             info["cost"] = self.cost()
         if self.render_mode == "human":
             self.render()
@@ -268,8 +279,12 @@ class DeepResearchEnv(gym.Env[str, str]):
                                        "urls": []}]
             else:
                 plugin = self.plugins.get(call.name)
-                outcome = (run_tool(plugin, call.arguments) if plugin is not None
-                           else self.toolbox.call(call.name, call.arguments))
+                if plugin is None:
+                    outcome = self.toolbox.call(call.name, call.arguments)
+                elif hasattr(self.toolbox, "call_plugin"):  # timeouts, retries, replay
+                    outcome = self.toolbox.call_plugin(plugin, call.arguments)
+                else:  # a toolbox of the caller's own
+                    outcome = run_tool(plugin, call.arguments)
                 info["tool_calls"] = [{"name": call.name,
                                        "arguments": sanitize_value(call.arguments),
                                        "ok": outcome.ok, "error": sanitize_value(outcome.error),
@@ -292,7 +307,7 @@ class DeepResearchEnv(gym.Env[str, str]):
             else:
                 truncated, obs = True, ""
         info["tokens_used"] = self.tokens_used
-        if cfg.backend == "web":
+        if self._reports_cost:
             info["cost"] = self.cost()
         if cfg.reveal_answer_in_info:
             info["gold_answers"] = list(task.answers)
@@ -384,15 +399,32 @@ class DeepResearchEnv(gym.Env[str, str]):
         return text
 
     # ------------------------------------------------------------------ helpers
-    @staticmethod
-    def _plug_in(specs: Any) -> dict[str, Any]:
+    def _plug_in(self, specs: Any) -> dict[str, Any]:
         plugins: dict[str, Any] = {}
         for spec in specs:
-            tool = resolve_tool(spec)
-            if tool.name in ("search", "visit") or tool.name in plugins:
-                raise ValueError(f"DeepResearch-v0 config: extra_tools offers {tool.name!r} "
-                                 f"twice or under a built-in tool's name")
-            plugins[tool.name] = tool
+            if is_mcp_spec(spec):  # every tool of an MCP server, through the toolbox's cache
+                tools = mcp_tools(spec, cache=getattr(self.toolbox, "cache", None),
+                                  timeout_s=self.config.tool_timeout_s)
+            else:
+                tools = [spec]
+            for tool in tools:
+                name = getattr(tool, "name", None)
+                if name in ("search", "visit") or name in plugins:
+                    hint = " (give the MCP server a 'prefix')" if is_mcp_spec(spec) else ""
+                    raise ValueError(f"DeepResearch-v0 config: extra_tools offers {name!r} "
+                                     f"twice or under a built-in tool's name{hint}")
+                try:
+                    tool = resolve_tool(tool)
+                except ValueError as error:
+                    if is_mcp_spec(spec):
+                        raise ValueError(f"DeepResearch-v0 config: MCP tool {name!r}: {error} "
+                                         f"(a 'prefix' for the server renames its tools; "
+                                         f"'tools' picks some)") from None
+                    raise
+                if tool.name in ("search", "visit") or tool.name in plugins:
+                    raise ValueError(f"DeepResearch-v0 config: extra_tools offers "
+                                     f"{tool.name!r} twice or under a built-in tool's name")
+                plugins[tool.name] = tool
         return plugins
 
     @staticmethod

@@ -33,6 +33,7 @@ from venus_gym.tools.cache import (
     ToolCache,
 )
 from venus_gym.tools.fetch import GuardedFetcher
+from venus_gym.tools.mcp_tools import is_mcp_spec
 from venus_gym.tools.summarize import ChunkedSummarizer
 from venus_gym.tools.web_search import JsonClient, make_search_provider
 from venus_gym.worlds import load_world
@@ -175,7 +176,7 @@ def build_web_toolbox(cfg: DeepResearchConfig) -> Toolbox:
                    CachedPageStore(pages, cache), summarizer,
                    top_k=cfg.search_top_k, timeout_s=cfg.tool_timeout_s, retries=0,
                    max_queries=cfg.max_queries_per_call, max_urls=cfg.max_urls_per_call,
-                   cost_meter=meter)
+                   cost_meter=meter, cache=cache)
 
 
 def build_toolbox(cfg: DeepResearchConfig, world: World, index: Any) -> Toolbox:
@@ -196,9 +197,14 @@ def build_toolbox(cfg: DeepResearchConfig, world: World, index: Any) -> Toolbox:
                                       timeout_s=timeout or 30.0)
     else:
         summarizer = ExtractiveSummarizer()
+    meter = cache = None
+    if any(map(is_mcp_spec, cfg.extra_tools)):  # MCP calls: counted, recorded / replayed
+        meter = CostMeter()
+        cache = ToolCache(cfg.cache_path, cfg.cache_mode, meter=meter)
     return Toolbox(search, page_store, summarizer,
                    top_k=cfg.search_top_k, timeout_s=timeout, retries=cfg.tool_retries,
-                   max_queries=cfg.max_queries_per_call, max_urls=cfg.max_urls_per_call)
+                   max_queries=cfg.max_queries_per_call, max_urls=cfg.max_urls_per_call,
+                   cost_meter=meter, cache=cache)
 
 
 def in_split(task: Task, split: str, test_fraction: float,

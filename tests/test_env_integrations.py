@@ -112,7 +112,7 @@ def test_unknown_or_clashing_plug_ins_fail_loudly():
     with pytest.raises(ValueError, match="supported"):
         register_tool_schema({"type": "function", "function": {
             "name": "bad", "parameters": {"type": "object",
-                                          "properties": {"x": {"type": "object"}}}}})
+                                          "properties": {"x": {"type": "tuple"}}}}})
 
 
 def test_parser_accepts_a_registered_tool_only_where_offered():

@@ -367,8 +367,6 @@ def test_wandb_gets_config_finite_metrics_and_keeps_its_run_id(tmp_path: Path,
 
     calls: list[tuple[str, Any]] = []
     fake = types.ModuleType("wandb")
-    fresh_ids = iter(["run1", "run2"])  # a second fresh id would mean the id was lost
-    fake.util = types.SimpleNamespace(generate_id=lambda: next(fresh_ids))  # type: ignore[attr-defined]
     run = types.SimpleNamespace(log=lambda data, step: calls.append(("log", (step, data))),
                                 finish=lambda: calls.append(("finish", None)))
     fake.init = lambda **kwargs: calls.append(("init", kwargs)) or run  # type: ignore[attr-defined]
@@ -380,8 +378,11 @@ def test_wandb_gets_config_finite_metrics_and_keeps_its_run_id(tmp_path: Path,
                        tensorboard=False, wandb_project="venus"):
         pass
     inits = [kwargs for name, kwargs in calls if name == "init"]
+    run_id = (tmp_path / "wandb_run_id.txt").read_text().strip()
+    assert len(run_id) == 8 and run_id.isalnum() and run_id.lower() == run_id
+    # the resumed logger continues the same W&B run
     assert [(k["project"], k["id"], k["resume"]) for k in inits] == [
-        ("venus", "run1", "allow")] * 2
+        ("venus", run_id, "allow")] * 2
     assert inits[0]["config"] == {"lr": None}
     assert ("log", (0, {"reward": 1.0})) in calls
     assert [name for name, _ in calls].count("finish") == 2

@@ -4,7 +4,10 @@
                                    #   held-out evaluation -> report (needs .[train])
     venus-gym sft --config FILE... # the SFT recipe: tokenizer, oracle data, masked SFT,
                                    #   held-out evaluation (venus-gym sft --help; .[train])
-    venus-gym rl --config FILE     # one RL run (IGPO, GRPO, RLOO, ...) from a YAML config
+    venus-gym rl --config FILE [KEY=VALUE ...]
+                                   # one RL run (IGPO, GRPO, RLOO, ...) from a YAML config,
+                                   #   e.g. learner.lr=3e-4 rollout.group_size=16;
+                                   #   --print-config shows the resolved config
     venus-gym oracle               # oracle agent on a fresh embedded world: episodes + score
     venus-gym world build OUT      # generate a world and save it as JSONL (corpus, tasks)
     venus-gym world info PATH      # counts and hop histogram of a saved world or QA JSONL
@@ -64,11 +67,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_rl(args: argparse.Namespace) -> int:
-    from trainers.evaluation.training_report import write_report
+    from trainers.config_utils import config_to_yaml
     from trainers.rl.config import load_rl_config
-    from trainers.rl.driver import train
 
-    config = load_rl_config(args.config)
+    try:
+        config = load_rl_config(args.config, args.overrides)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"venus-gym rl: {error}", file=sys.stderr)
+        return 2
     if args.world is not None:
         import dataclasses
 
@@ -87,6 +93,17 @@ def cmd_rl(args: argparse.Namespace) -> int:
                                     if key == "loss"}
     if args.ray:
         config.run.use_ray = True
+    if args.print_config:
+        try:
+            config.validate()
+        except (ValueError, KeyError) as error:
+            print(f"venus-gym rl: {error}", file=sys.stderr)
+            return 2
+        print(config_to_yaml(config), end="")
+        return 0
+    from trainers.evaluation.training_report import write_report
+    from trainers.rl.driver import train
+
     result = train(config)
     report = write_report(result.output_dir, metrics_path=result.output_dir / "metrics.jsonl",
                           before=result.before, after=result.after,
@@ -263,6 +280,16 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return main_args(args)
 
 
+def add_override_arguments(parser: argparse.ArgumentParser) -> None:
+    """`dotted.key=value` overrides and --print-config (trainers.config_utils)."""
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
+                        help="config overrides after the config file, e.g. learner.lr=3e-4 "
+                             "rollout.group_size=16 (values are YAML; unknown keys refused)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config (file + overrides + options) as YAML "
+                             "and exit")
+
+
 def add_served_world_arguments(parser: argparse.ArgumentParser) -> None:
     """--world, --world-size, --world-seed of the serve-* commands."""
     parser.add_argument("--world", default="synthetic",
@@ -297,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("rl", help="one RL run from a YAML config (docs/rl.md)")
     r.add_argument("--config", required=True, help="RL config YAML (trainers.rl.config)")
+    add_override_arguments(r)
     r.add_argument("--policy", help="override policy.path (a model directory)")
     r.add_argument("--output", help="override run.output_dir")
     r.add_argument("--resume", help="override run.resume ('latest' or a checkpoint)")
@@ -398,7 +426,15 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_data(argv[1:])
     if argv and argv[0] == "sft":
         return cmd_sft(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Overrides may also come between or after the options (`--config F --steps 2 a.b=1`).
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        from trainers.config_utils import is_override
+
+        if not hasattr(args, "overrides") or not all(map(is_override, extra)):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     return args.func(args)
 
 

@@ -3,12 +3,27 @@ both of them embed.
 
     help_field("Learning rate.", 1e-5)        # a dataclass field with its help string
     config = load_yaml_config("run.yaml", SFTExperimentConfig)   # unknown keys refused
+    config = load_yaml_config("run.yaml", RLConfig, ["learner.lr=3e-4", "run.steps=2"])
     config_to_dict(config)                    # the whole config, JSON-serialisable
+    print(config_to_yaml(config))             # what `--print-config` prints
 
 `from_dict` builds a (nested) config dataclass from a mapping: unknown keys fail with the
 list of known ones and the key's path, values are type-checked against the annotations
 (int where a float is expected is widened; lists become tuples; an optional field takes
 None or its type).
+
+Overrides (`venus-gym rl --config F learner.lr=3e-4 rollout.group_size=16`) are
+`dotted.key=value` strings. Their syntax and value typing are OmegaConf's dotlist (as in
+torchtune: `omegaconf.OmegaConf.from_dotlist`): the value is read as a YAML value, so
+`3e-4` is a number, `[1, 2]` a list, `{dtype: bfloat16}` a mapping, `null` None, and a
+quoted value a string. Each key is checked against the config dataclasses first (an unknown
+key fails naming the closest valid ones: `unknown key learner.lrr; did you mean
+learner.lr?`); then the values are merged into the YAML file's mapping (a mapping value
+merges, anything else replaces) and the result goes through `from_dict` like the file
+alone, so an override is typed and validated exactly as the same value in the file. The
+dataclasses stay the schema (OmegaConf's structured configs would take over the types, but
+cannot express the unions (`tuple[int, ...] | None`), free-form sections (`algorithm.
+options`, `rollout.vllm_options`) and per-section checks these configs rely on).
 
 `EnvSection` is the environment part of a training config. It *is*
 envs.config.DeepResearchConfig (every DeepResearch-v0 keyword, the same help strings and the
@@ -20,9 +35,11 @@ the keywords for `gym.make("DeepResearch-v0", ...)` / `DeepResearchGroupEnv`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,15 +109,149 @@ def from_dict(config_class: type, data: Any, where: str = "config") -> Any:
     known = {f.name for f in dataclasses.fields(config_class)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in {where}; known: {sorted(known)}")
+        close = sorted({match for key in unknown
+                        for match in difflib.get_close_matches(str(key), known, n=3)})
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ValueError(f"unknown key(s) {unknown} in {where}{hint}; known: {sorted(known)}")
     values = {name: _coerce(value, hints[name], f"{where}.{name}") for name, value in data.items()}
     return config_class(**values)
 
 
-def load_yaml_config(path: str | Path, config_class: type) -> Any:
-    """Load a YAML config file into `config_class` (unknown keys refused, with their path)."""
+def load_yaml_config(path: str | Path, config_class: type,
+                     overrides: Sequence[str] = ()) -> Any:
+    """Load a YAML config file into `config_class` (unknown keys refused, with their path),
+    with `dotted.key=value` overrides applied on top (module docstring)."""
     with open(path, encoding="utf-8") as handle:
-        return from_dict(config_class, yaml.safe_load(handle), where=str(path))
+        data = yaml.safe_load(handle)
+    return config_with_overrides(config_class, data, overrides, where=str(path))
+
+
+# --- overrides ------------------------------------------------------------------------------
+# A dotted key of identifiers, then "=" (the value may be anything, also empty).
+OVERRIDE_PATTERN = re.compile(r"[A-Za-z_][\w-]*(?:\.[A-Za-z_0-9][\w-]*)*=")
+
+
+def is_override(argument: str) -> bool:
+    """Whether a command-line argument is a `dotted.key=value` override."""
+    return OVERRIDE_PATTERN.match(argument) is not None
+
+
+def parse_overrides(arguments: Sequence[str]) -> list[tuple[str, Any]]:
+    """[(dotted key, value)] of `dotted.key=value` strings, values typed by OmegaConf's
+    dotlist parser (YAML values). Raises ValueError for an argument of another shape."""
+    parsed = []
+    for argument in arguments:
+        if not is_override(argument):
+            raise ValueError(f"override {argument!r} is not dotted.key=value (e.g. "
+                             "learner.lr=3e-4)")
+        try:
+            from omegaconf import OmegaConf
+        except ImportError as error:
+            raise ImportError("dotted.key=value overrides need omegaconf: pip install "
+                              "omegaconf (it comes with the train extra)") from error
+        key = argument.partition("=")[0]
+        try:
+            tree = OmegaConf.to_container(OmegaConf.from_dotlist([argument]), resolve=False)
+        except Exception as error:  # OmegaConf's grammar errors have no common base class
+            raise ValueError(f"override {argument!r}: {error}") from None
+        value: Any = tree
+        for part in key.split("."):
+            value = value[part]
+        parsed.append((key, value))
+    return parsed
+
+
+def config_keys(config_class: type, prefix: str = "") -> list[str]:
+    """Every dotted key of a config dataclass, sections and leaves."""
+    keys = []
+    hints = typing.get_type_hints(config_class)
+    for f in dataclasses.fields(config_class):
+        key = prefix + f.name
+        keys.append(key)
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys.extend(config_keys(hints[f.name], key + "."))
+    return keys
+
+
+def _is_mapping_hint(hint: Any) -> bool:
+    return hint is dict or typing.get_origin(hint) is dict
+
+
+def check_override_key(config_class: type, key: str, value: Any) -> None:
+    """Refuse a key the config does not have, naming the closest valid keys; refuse a value
+    for a section, or a subkey of a plain value. Keys inside a free-form mapping field
+    (e.g. algorithm.options) are left to the check of whoever reads the mapping."""
+    section: Any = config_class
+    parts = key.split(".")
+    for index, part in enumerate(parts):
+        here = ".".join(parts[: index + 1])
+        hints = typing.get_type_hints(section)
+        if part not in {f.name for f in dataclasses.fields(section)}:
+            known = config_keys(config_class)
+            known = [k for k in known if not key.startswith(k + ".")]  # not its own section
+            close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+            close += [k for k in known if k.rsplit(".", 1)[-1] == parts[-1] and k not in close]
+            hint = f"; did you mean {', '.join(close[:4])}?" if close else \
+                f"; {'.'.join(parts[:index]) or 'the config'} has {', '.join(sorted(hints))}"
+            raise ValueError(f"unknown key {key}{hint}")
+        hint = hints[part]
+        last = index == len(parts) - 1
+        if dataclasses.is_dataclass(hint):
+            if last and not isinstance(value, dict):
+                raise ValueError(f"{here} is a section, not a value: set one of its keys "
+                                 f"(e.g. {here}.{dataclasses.fields(hint)[0].name}=...)")
+            section = hint
+        elif not last:
+            if _is_mapping_hint(hint):
+                return  # a free-form mapping: its keys are checked where it is read
+            raise ValueError(f"unknown key {key}: {here} is a value, not a section")
+
+
+def _merge(base: Any, update: Any) -> Any:
+    """`update` over `base`: mappings merge key by key, anything else replaces."""
+    if isinstance(base, dict) and isinstance(update, dict):
+        merged = dict(base)
+        for key, value in update.items():
+            merged[key] = _merge(base.get(key), value)
+        return merged
+    return update
+
+
+def apply_overrides(config_class: type, data: Any, overrides: Sequence[str]) -> dict:
+    """The config mapping `data` (a YAML file's, or {}) with the overrides merged in, each
+    key checked against `config_class` first."""
+    merged = {} if data is None else data
+    if not isinstance(merged, dict):
+        return merged  # from_dict says what is wrong with it
+    for key, value in parse_overrides(overrides):
+        check_override_key(config_class, key, value)
+        update: Any = value
+        for part in reversed(key.split(".")):
+            update = {part: update}
+        merged = _merge(merged, update)
+    return merged
+
+
+def config_with_overrides(config_class: type, data: Any, overrides: Sequence[str] = (),
+                          where: str = "config") -> Any:
+    """`from_dict(config_class, data)` after `apply_overrides`; an error caused by an
+    override's value names the override."""
+    merged = apply_overrides(config_class, data, overrides)
+    try:
+        return from_dict(config_class, merged, where=where)
+    except ValueError as error:
+        message = str(error)
+        blamed = [item for item in overrides
+                  if f"{where}.{item.partition('=')[0]} " in message + " "]
+        if blamed:
+            raise ValueError(f"{message} (set by the override {blamed[-1]!r})") from None
+        raise
+
+
+def config_to_yaml(config: Any) -> str:
+    """The whole config as YAML, in field order (what `--print-config` prints)."""
+    return yaml.safe_dump(config_to_dict(config), sort_keys=False, allow_unicode=True,
+                          default_flow_style=False)
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:

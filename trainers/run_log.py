@@ -32,6 +32,8 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import secrets
+import string
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -223,7 +225,10 @@ class MetricsLogger:
 
     def _start_wandb(self, wandb: Any, project: str, config: dict[str, Any] | None) -> Any:
         id_file = self.output_dir / WANDB_RUN_ID_FILE
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        # A fresh id as W&B makes them (8 lowercase letters and digits); its own generator
+        # is not public API (wandb.util.generate_id is gone in 0.2x).
+        run_id = id_file.read_text().strip() if id_file.exists() else "".join(
+            secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
         id_file.write_text(run_id + "\n")
         # W&B drops a step lower than the run's last one, so after a resume the re-run steps
         # appear from the first step past the old ones (metrics.jsonl stays exact).

@@ -37,7 +37,9 @@ Tool turn
   9. The arguments match the tool's schema (`tool_schema`): every required argument is
      present, no other argument is, and each has the right type. Strings must be non-blank
      and lists non-empty (search: `query` a list of strings; visit: `url` a list of strings
-     and `goal` a string); plug-in tools may also take numbers, integers and booleans.
+     and `goal` a string); plug-in tools (MCP servers' among them) may also take numbers,
+     integers, booleans, objects, null, arrays of any of these, `enum` values, unions
+     (`anyOf` / `oneOf` / a list of types) and untyped arguments (any JSON value).
 Final turn
   10. The stripped answer text is not empty.
 
@@ -136,8 +138,11 @@ DEFAULT_TOOLS: tuple[str, ...] = ("search", "visit")
 # apart from TOOL_SCHEMAS so that the built-in tools, and every message naming them, stay
 # as they are until a plug-in is actually offered.
 _PLUGIN_SCHEMAS: dict[str, dict] = {}
-# The argument types rule 9 can check (arrays: of strings only).
-_ARGUMENT_TYPES = ("string", "array", "number", "integer", "boolean")
+# The JSON Schema types rule 9 can check. A property may also be an `enum`, a union
+# (`anyOf` / `oneOf` / a list of types) of checkable schemas, or carry no type at all
+# (any JSON value, e.g. a `$ref` the server resolves). Objects are checked to be objects;
+# their members are the tool's business.
+_ARGUMENT_TYPES = ("string", "array", "number", "integer", "boolean", "object", "null")
 
 
 def tool_schema(name: str) -> dict:
@@ -152,8 +157,9 @@ def register_tool_schema(schema: dict) -> str:
 
     `schema` is an OpenAI-style function schema, `{"type": "function", "function": {"name",
     "description", "parameters": {"type": "object", "properties", "required"}}}`, whose
-    argument types are among "string", "array" (of strings), "number", "integer" and
-    "boolean". Registering the same schema again is a no-op.
+    argument schemas use the JSON Schema types "string", "array", "number", "integer",
+    "boolean", "object" and "null", `enum`, `anyOf` / `oneOf` of such schemas, or no type
+    (any value). Registering the same schema again is a no-op.
 
     Raises:
         ValueError: a malformed schema, an unsupported argument type, a built-in tool's
@@ -170,11 +176,11 @@ def register_tool_schema(schema: dict) -> str:
         raise ValueError(f"tool {name!r}: 'parameters' must be an object schema with "
                          f"'properties' (and a 'required' list)")
     for arg, spec in parameters["properties"].items():
-        kind = spec.get("type") if isinstance(spec, dict) else None
-        if kind not in _ARGUMENT_TYPES or (
-                kind == "array" and (spec.get("items") or {}).get("type") != "string"):
-            raise ValueError(f"tool {name!r}: argument {arg!r} has type {kind!r}; supported: "
-                             f"{', '.join(_ARGUMENT_TYPES)} (arrays of strings)")
+        problem = _schema_problem(spec)
+        if problem is not None:
+            raise ValueError(f"tool {name!r}: argument {arg!r} {problem}; supported: the "
+                             f"JSON Schema types {', '.join(_ARGUMENT_TYPES)}, enum, "
+                             "anyOf / oneOf of them, or no type (any value)")
     missing = [k for k in parameters.get("required", []) if k not in parameters["properties"]]
     if missing:
         raise ValueError(f"tool {name!r}: required argument(s) {missing} are not properties")
@@ -184,6 +190,37 @@ def register_tool_schema(schema: dict) -> str:
         raise ValueError(f"a different tool named {name!r} is already registered")
     _PLUGIN_SCHEMAS[name] = schema
     return name
+
+def _schema_problem(spec: Any) -> str | None:
+    """Why rule 9 cannot check an argument schema; None when it can."""
+    if not isinstance(spec, dict):
+        return f"has the schema {str(spec)[:60]!r}, which is not a JSON object"
+    for union in ("anyOf", "oneOf"):
+        if union in spec:
+            arms = spec[union]
+            if not isinstance(arms, list) or not arms:
+                return f"has a {union} that is not a non-empty list"
+            for arm in arms:
+                problem = _schema_problem(arm)
+                if problem is not None:
+                    return problem
+    if "enum" in spec and (not isinstance(spec["enum"], list) or not spec["enum"]):
+        return "has an enum that is not a non-empty list"
+    kinds = _schema_types(spec)
+    for kind in kinds:
+        if kind not in _ARGUMENT_TYPES:
+            return f"has type {kind!r}"
+    if "array" in kinds and "items" in spec:
+        return _schema_problem(spec["items"])
+    return None
+
+
+def _schema_types(spec: dict) -> list[Any]:
+    kind = spec.get("type")
+    if kind is None:
+        return []
+    return list(kind) if isinstance(kind, list) else [kind]
+
 
 FORCED_FINAL_NOTICE = (
     "You have reached the maximum number of interaction turns (or context). Based on all "
@@ -335,14 +372,11 @@ def render_system_prompt(tools: Sequence[str] = DEFAULT_TOOLS, date: str = "2025
 
 def _render_compact_prompt(names: tuple[str, ...], date: str) -> str:
     """The "compact" style: one line per tool, `name {"arg": type}: first sentence`."""
-    json_types = {"string": "str", "array": "[str]", "object": "{}", "integer": "int",
-                  "number": "float", "boolean": "bool"}
     lines = []
     for name in names:
         function = tool_schema(name)["function"]
-        arguments = ", ".join(
-            f'"{arg}": {json_types.get(spec.get("type"), spec.get("type"))}'
-            for arg, spec in function["parameters"]["properties"].items())
+        arguments = ", ".join(f'"{arg}": {_type_label(spec)}'
+                              for arg, spec in function["parameters"]["properties"].items())
         summary = function["description"].split(". ")[0].rstrip(".")
         lines.append(f"- {name} {{{arguments}}}: {summary}.")
     return (
@@ -353,6 +387,28 @@ def _render_compact_prompt(names: tuple[str, ...], date: str) -> str:
         "Tools:\n" + "\n".join(lines) + "\n"
         f"Current date: {date}"
     )
+
+
+_TYPE_LABELS = {"string": "str", "object": "{}", "integer": "int", "number": "float",
+                "boolean": "bool", "null": "null"}
+
+
+def _type_label(spec: dict) -> str:
+    """A short type for the compact prompt: str, int, [str], str|null, any, ..."""
+    for union in ("anyOf", "oneOf"):
+        if union in spec:
+            return "|".join(dict.fromkeys(_type_label(arm) for arm in spec[union]))
+    kinds = _schema_types(spec)
+    if not kinds:
+        return "any"
+    labels = []
+    for kind in kinds:
+        if kind == "array":
+            items = spec.get("items")
+            labels.append(f"[{_type_label(items) if isinstance(items, dict) else 'any'}]")
+        else:
+            labels.append(_TYPE_LABELS.get(kind, str(kind)))
+    return "|".join(labels)
 
 
 def parse_turn(text: str, tools: Collection[str] = DEFAULT_TOOLS) -> ParsedTurn:
@@ -556,9 +612,10 @@ def _check_arguments(tool_name: str, arguments: dict) -> None:
     """Check the arguments against the tool's schema (rule 9).
 
     Interprets the schema constructs TOOL_SCHEMAS uses, "string" and "array" of strings
-    with "minItems" (default 1), and for plug-in tools "number", "integer" and "boolean".
-    Strings must also be non-blank, which is stricter than the schema's minLength of 1: a
-    blank query or URL is no more usable than an empty one.
+    with "minItems" (default 1), and for plug-in tools "number", "integer", "boolean",
+    "object", "null", arrays of those, `enum`, unions and untyped arguments
+    (`_check_json_value`). Strings must also be non-blank, which is stricter than the
+    schema's minLength of 1: a blank query or URL is no more usable than an empty one.
     """
     parameters = tool_schema(tool_name)["function"]["parameters"]
     properties = parameters["properties"]
@@ -572,13 +629,58 @@ def _check_arguments(tool_name: str, arguments: dict) -> None:
         if key not in arguments:
             raise _MalformedTurn(f"missing required argument {key!r} for tool {tool_name!r}")
     for key, value in arguments.items():
-        kind = properties[key]["type"]
-        if kind == "string":
+        spec = properties[key]
+        kind = spec.get("type")
+        plain = not any(construct in spec for construct in ("enum", "anyOf", "oneOf"))
+        if plain and kind == "string":
             _check_string_argument(key, value)
-        elif kind == "array":
-            _check_string_list_argument(key, value, properties[key].get("minItems", 1))
-        else:
+        elif plain and kind == "array" and (spec.get("items") or {}).get("type") == "string":
+            _check_string_list_argument(key, value, spec.get("minItems", 1))
+        elif plain and kind in ("number", "integer", "boolean"):
             _check_scalar_argument(key, value, kind)
+        else:
+            problem = _json_value_problem(spec, value)
+            if problem is not None:
+                raise _MalformedTurn(f"argument {key!r} {problem}")
+
+
+_JSON_TYPE_CHECKS = {
+    "string": lambda v: isinstance(v, str) and bool(v.strip()),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "null": lambda v: v is None,
+}
+
+
+def _json_value_problem(spec: dict, value: Any) -> str | None:
+    """What is wrong with `value` under a (registered, checkable) argument schema; None if
+    nothing. Strings must be non-blank here too; enum members compare with their JSON type
+    (true is not 1)."""
+    if "enum" in spec and not any(type(value) is type(option) and value == option
+                                  for option in spec["enum"]):
+        options = ", ".join(json.dumps(option) for option in spec["enum"][:10])
+        return f"must be one of {options}, got {_preview(json.dumps(value))}"
+    for union in ("anyOf", "oneOf"):
+        if union in spec and all(_json_value_problem(arm, value) is not None
+                                 for arm in spec[union]):
+            return f"must be {_type_label(spec)}, got {_type_name(value)}"
+    kinds = _schema_types(spec)
+    if kinds and not any(_JSON_TYPE_CHECKS[kind](value) for kind in kinds):
+        blank = isinstance(value, str) and "string" in kinds
+        got = "a blank string" if blank else _type_name(value)
+        return f"must be {' or '.join(map(str, kinds))}, got {got}"
+    if isinstance(value, list) and "array" in kinds:
+        if len(value) < spec.get("minItems", 0):
+            return f"must have at least {spec['minItems']} item(s), got {len(value)}"
+        if isinstance(spec.get("items"), dict):
+            for index, item in enumerate(value):
+                problem = _json_value_problem(spec["items"], item)
+                if problem is not None:
+                    return f"item {index} {problem}"
+    return None
 
 
 def _check_scalar_argument(key: str, value: Any, kind: str) -> None:

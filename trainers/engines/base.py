@@ -14,8 +14,9 @@ Conventions every engine follows (tests hold the transformers and vLLM engines t
   token (the unmodified logits' when decoding greedily). top-k/top-p, presence penalty and
   banned tokens change which token is picked, not the reported number. This is the quantity
   the learner recomputes (old/new log-probs from logits / the rollout temperature;
-  trainers.engines.sampling states the rule), and vLLM reports it with
-  `logprobs_mode="processed_logprobs"` (temperature applied; greedy rows use temperature 1).
+  trainers.engines.sampling states the rule); vLLM's `raw_logprobs` are it at temperature 1 and
+  for greedy rows (greedy rows use temperature 1; trainers.engines.vllm_engine says how
+  other temperatures are handled).
 * Stop conditions, checked after every sampled token:
     - a stop token id (the end-of-turn id `<|im_end|>`): kept as the last id; reason "stop";
     - a stop string (DR-Venus stops on `<tool_response>`): generation ends at the first token

@@ -17,9 +17,11 @@ Where the ids come from, in order of preference:
    come back as 0.0. Off by default: an id-less reply raises `EngineReplyError`.
 
 Log-probs are whatever the server reports for the sampled token. The engine contract is
-log_softmax(logits / temperature): start a vLLM server with
-`--logprobs-mode processed_logprobs` to match it (its default, raw_logprobs, ignores the
-temperature, which only agrees at temperature 1).
+log_softmax(logits / temperature) with banned ids counted in the normaliser: a vLLM
+server's default, raw_logprobs, is exactly that at temperature 1 and for greedy requests;
+for another temperature start it with `--logprobs-mode processed_logprobs`, which applies
+the temperature but leaves the banned ids (logit_bias) out of the normaliser
+(trainers.engines.vllm_engine).
 Banned ids go out as `logit_bias` -100 (the OpenAI API's floor). The end-of-turn stop id
 is kept in the returned ids when the server drops it from a reply that ended with "stop"
 on it (`stop_reason` names the id), so the trajectory still ends the turn with it (log-prob

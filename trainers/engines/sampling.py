@@ -15,8 +15,9 @@ Conventions
   computes old / new log-probs and the IG probe scores from logits / the rollout temperature
   too (trainers.modeling.logprobs), so rollout log-probs, the PPO ratio, TIS
   and the rollout-drift metric all speak of the same distribution. At temperature 1 this is
-  the raw log-prob; vLLM reports the same quantity with `logprobs_mode="processed_logprobs"`
-  (its "raw_logprobs" ignores the temperature).
+  the raw log-prob, which is what vLLM's "raw_logprobs" report (they ignore the temperature;
+  its "processed_logprobs" apply it but leave banned ids out of the normaliser, see
+  trainers.engines.vllm_engine).
 * temperature 0 is greedy: the argmax of the logits with banned ids removed.
 * presence_penalty (OpenAI / vLLM semantics) subtracts the penalty once from the logit of
   every id in `seen_ids` (the ids generated so far in this request) before temperature,

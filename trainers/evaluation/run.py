@@ -77,7 +77,8 @@ class EvalRunConfig:
 
     out: str = _f("", "Output directory (results.jsonl, summary.json, report.md/.html).")
     policy: str | None = _f(None, "A saved policy directory (save_pretrained with its "
-                            "tokenizer, e.g. runs/demo/sft/final), or 'warm-start' (the policy packaged "
+                            "tokenizer, e.g. runs/demo/sft/final), a .gguf file, a hub id in the "
+                            "local Hugging Face cache, or 'warm-start' (the policy packaged "
                             "with venus-gym).")
     endpoint: str | None = _f(None, "An OpenAI-compatible API root, e.g. "
                               "http://127.0.0.1:8000/v1 (instead of --policy).")
@@ -407,7 +408,18 @@ def config_from_args(args: Any) -> EvalRunConfig:
             raise ValueError(f"--env takes KEY=VALUE, got {item!r}")
         parsed = yaml.safe_load(value)
         env[key.strip()] = tuple(parsed) if isinstance(parsed, list) else parsed
-    return EvalRunConfig(**values, env=env)
+    overrides = list(getattr(args, "overrides", None) or [])
+    if not overrides:
+        return EvalRunConfig(**values, env=env)
+    # KEY=VALUE overrides on top of the options (e.g. k=4, env.search_top_k=3), typed and
+    # checked as in the training configs (trainers.config_utils).
+    from trainers.config_utils import config_with_overrides
+
+    config = config_with_overrides(EvalRunConfig, {**values, "env": env}, overrides,
+                                   where="venus-gym eval")
+    config.env = {key: tuple(value) if isinstance(value, list) else value
+                  for key, value in config.env.items()}
+    return config
 
 
 def add_arguments(parser: Any) -> None:
@@ -430,11 +442,23 @@ def add_arguments(parser: Any) -> None:
                             required=name == "out", help=helps[name])
     parser.add_argument("--env", action="append", metavar="KEY=VALUE", help=helps["env"])
     parser.add_argument("--save-token-ids", action="store_true", help=helps["save_token_ids"])
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
+                        help="settings as dotted.key=value, e.g. k=4 env.search_top_k=3 "
+                             "(the fields above by their config names; applied after the "
+                             "options)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved settings as YAML and exit")
 
 
 def main_args(args: Any) -> int:
     try:
         config = config_from_args(args)
+        if getattr(args, "print_config", False):
+            from trainers.config_utils import config_to_yaml
+
+            config.validate()
+            print(config_to_yaml(config), end="")
+            return 0
         summary = run_eval(config)
     except (ValueError, FileNotFoundError) as e:
         print(f"venus-gym eval: {e}", file=sys.stderr)

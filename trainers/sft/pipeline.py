@@ -36,11 +36,11 @@ from trainers.modeling.models import (
     build_chatml_tokenizer,
     build_tiny_causal_lm,
     grow_layers,
-    is_gguf,
     load_causal_lm,
     load_pretrained_tokenizer,
     load_smollm2,
     resolve_dtype,
+    resolve_model_path,
 )
 from trainers.modeling.tokenization import ChatTokenizer
 from trainers.sft.config import ModelConfig, SFTExperimentConfig
@@ -78,7 +78,8 @@ def build_tokenizer(model_config: ModelConfig, env_kwargs: dict[str, Any],
         if model_config.name == "smollm2":
             return load_smollm2(tokenizer_only=True)[0]
         return load_pretrained_tokenizer(model_config.name, what="model.name")
-    return AutoTokenizer.from_pretrained(model_config.tokenizer, local_files_only=True)
+    return AutoTokenizer.from_pretrained(resolve_model_path(model_config.tokenizer),
+                                         local_files_only=True)
 
 
 def build_chat(tokenizer: Any, chat_template: str = "model") -> ChatTokenizer:
@@ -99,13 +100,13 @@ def build_model(model_config: ModelConfig, tokenizer: Any) -> PreTrainedModel:
             dtype=resolve_dtype(model_config.dtype))
     elif model_config.name == "smollm2":
         model = load_smollm2(dtype=resolve_dtype(model_config.dtype))[1]
-    elif Path(model_config.name).is_dir() or (is_gguf(model_config.name)
-                                              and Path(model_config.name).is_file()):
-        model = load_causal_lm(model_config.name, dtype=resolve_dtype(model_config.dtype),
-                               what="model.name")
-    else:
-        raise ValueError(f"model.name must be 'tiny', 'smollm2', a local directory (a saved "
-                         f"model) or a .gguf file, got {model_config.name!r}")
+    else:  # a saved model directory, a .gguf file, a cached hub id or warm-start
+        try:
+            model = load_causal_lm(model_config.name, dtype=resolve_dtype(model_config.dtype),
+                                   what="model.name")
+        except FileNotFoundError as error:
+            raise ValueError(f"model.name must be 'tiny', 'smollm2' or a model that loads "
+                             f"offline: {error}") from None
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
     if model_config.grow_layers_after:

@@ -8,6 +8,11 @@ train.output_dir/final); every config is loaded and checked before the first one
 
     venus-gym sft --config first.yaml second.yaml third.yaml
 
+`dotted.key=value` overrides after the config file(s) apply to every config, typed and
+checked like the file's own values; `--print-config` prints the resolved configs and exits:
+
+    venus-gym sft --config my_sft.yaml train.lr=1e-3 data.num_episodes=32 --print-config
+
 Steps: train a BPE tokenizer on the embedded world's text; let the oracle agent write SFT
 trajectories on the *train* split; masked SFT with packing (trainers.sft); then decoding
 (greedy, or sampled with eval.temperature over eval.seeds, optionally with DR-Venus's turn
@@ -36,6 +41,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
+from trainers.config_utils import config_to_yaml, is_override
 from trainers.engines.hf import HFEngine
 from trainers.evaluation.evaluate import evaluate
 from trainers.rollout import SamplingConfig
@@ -138,7 +144,14 @@ def build_parser(prog: str | None = None,
                         required=default_config is None,
                         default=None if default_config is None else [default_config],
                         help="one or more configs, run in the given order (a later one may "
-                             "start from an earlier one's train.output_dir/final)")
+                             "start from an earlier one's train.output_dir/final), then "
+                             "KEY=VALUE overrides applied to each")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
+                        help="config overrides, e.g. train.lr=1e-3 data.num_episodes=32 "
+                             "(values are YAML; unknown keys refused with the closest names)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print each resolved config (file + overrides + options) as "
+                             "YAML and exit")
     parser.add_argument("--evaluate-untrained", action="store_true",
                         help="also evaluate the randomly initialised model first")
     parser.add_argument("--resume", default=None,
@@ -173,11 +186,20 @@ def main(argv: list[str] | None = None, prog: str | None = None,
     advice (a setting to change, not a bug)."""
     parser = build_parser(prog, default_config)
     args = parser.parse_args(argv)
+    # --config FILE... takes every word after it: the KEY=VALUE ones are overrides.
+    overrides = [*(item for item in args.config if is_override(item)
+                   and not Path(item).is_file()), *args.overrides]
+    args.config = [item for item in args.config if item not in overrides]
+    if not args.config:
+        parser.error("--config needs at least one config file before the overrides")
     if len(args.config) > 1 and (args.resume or args.eval_checkpoint):
         parser.error("--resume and --eval-checkpoint name one run: give them one --config")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Load every config first: a typo in the third fails now, not after an hour of training.
-    configs = [(path, load_config(path)) for path in args.config]
+    try:
+        configs = [(path, load_config(path, overrides=overrides)) for path in args.config]
+    except (ValueError, FileNotFoundError) as error:
+        parser.error(str(error))
     for path, config in configs:
         if args.world is not None:
             try:  # replace() and __post_init__ re-run the env and world checks
@@ -203,6 +225,9 @@ def main(argv: list[str] | None = None, prog: str | None = None,
                 parser.error(f"{path}: {error}")
         if len(configs) > 1:
             print(f"== {path}", flush=True)
+        if args.print_config:
+            print(config_to_yaml(config), end="", flush=True)
+            continue
         if args.eval_checkpoint:
             results = evaluate_checkpoint(config, args.eval_checkpoint)
         else:

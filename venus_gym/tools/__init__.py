@@ -1,6 +1,7 @@
 """Tools the agent calls, `search(query: list[str])` and `visit(url: list[str], goal: str)`,
-and the backends behind them; plug-in tools (`plugin.Tool`, e.g. the calculator) beside
-them. The environment talks to a `Toolbox` and to its plug-ins."""
+and the backends behind them; plug-in tools (`plugin.Tool`, e.g. the calculator, and every
+tool of an MCP server, `mcp_tools`) beside them. The environment talks to a `Toolbox` and
+to its plug-ins."""
 
 from .base import (
     CacheError,
@@ -17,6 +18,7 @@ from .base import (
 )
 from .calculator import CalculatorTool, calculate
 from .index import LocalSearchIndex
+from .mcp_tools import MCPServer, MCPTool, close_mcp_connections, mcp_tools
 from .plugin import Tool, load_object, register_tool, registered_tools, resolve_tool, run_tool
 from .retrieval_server import RetrievalServerBackend, serve_index
 from .summarize import ExtractiveSummarizer, OpenAISummarizer, parse_summary_reply, split_sentences
@@ -32,6 +34,10 @@ from .toolbox import (
 
 __all__ = [
     "CalculatorTool",
+    "MCPServer",
+    "MCPTool",
+    "close_mcp_connections",
+    "mcp_tools",
     "Tool",
     "calculate",
     "load_object",

@@ -27,7 +27,10 @@ gain is computed from observations). A cache file is plain SQLite, so it can shi
 dataset and be opened read-only (replay never writes).
 
 `CostMeter` counts what a run spent: search API calls, page fetches, bytes received, LLM
-summariser calls and tokens, cache hits. Replayed answers cost nothing but a hit.
+summariser calls and tokens, live calls of MCP servers' tools (`plugin_calls`), cache hits.
+Replayed answers cost nothing but a hit. MCP tool listings and calls are recorded here too
+(kinds "mcp_tools" and "plugin", keyed by the server's URL or command line, the tool and
+its arguments; venus_gym.tools.mcp_tools).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class CostMeter:
     summarizer_prompt_tokens: int = 0
     summarizer_completion_tokens: int = 0
     cache_hits: int = 0
+    plugin_calls: int = 0  # live calls of remote plug-in tools (MCP servers)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **amounts: int) -> None:

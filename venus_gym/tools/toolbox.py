@@ -24,6 +24,15 @@ observation does not depend on it.
 
 Cost: with the local backends and `timeout_s=None` a call is plain function calls; a
 worker thread per backend call is only started when a timeout is set (remote backends).
+
+Plug-in tools (venus_gym.tools.plugin: the calculator, MCP servers' tools) are called
+through `call_plugin`, the same machinery: the timeout (a tool that enforces its own,
+`tool.timeout_s`, as MCP tools do, gets no second one), retries of transient failures, the
+record/replay cache for tools that name themselves for it (`tool.cache_identity`: MCP
+tools), and the cost meter's `plugin_calls` for those tools' live calls. An exception
+raised by the tool is the observation `"<name> failed: <type>: <message>"`; a transient
+one (ToolBackendError, TimeoutError, OSError) is retried first, any other is the tool's
+answer and is not.
 """
 
 from __future__ import annotations
@@ -121,13 +130,17 @@ class Toolbox:
     max_queries / max_urls: most queries / urls one call runs; the rest are dropped with a
                    note in the observation.
     cost_meter:    optional; what the backends spent (venus_gym.tools.cache.CostMeter),
-                   for the environment's cost report. The toolbox only holds it.
+                   for the environment's cost report. The toolbox adds plug-in calls.
+    cache:         optional venus_gym.tools.cache.ToolCache that records / replays the calls
+                   of plug-in tools with a `cache_identity` (MCP tools). search and visit
+                   bring their own cached backends.
     """
 
     def __init__(self, search_backend: SearchBackend, page_store: PageStore,
                  summarizer: Summarizer, top_k: int = 10, timeout_s: float | None = None,
                  retries: int = 0, backoff_s: float = 0.5, max_backoff_s: float = 30.0,
-                 max_queries: int = 5, max_urls: int = 5, cost_meter: Any = None):
+                 max_queries: int = 5, max_urls: int = 5, cost_meter: Any = None,
+                 cache: Any = None):
         if top_k < 1 or max_queries < 1 or max_urls < 1:
             raise ValueError("top_k, max_queries and max_urls must be >= 1")
         if retries < 0 or backoff_s < 0 or max_backoff_s < 0:
@@ -145,6 +158,7 @@ class Toolbox:
         self.max_queries = max_queries
         self.max_urls = max_urls
         self.cost_meter = cost_meter
+        self.cache = cache
 
     # --- dispatch ---------------------------------------------------------------------------
 
@@ -222,6 +236,40 @@ class Toolbox:
         return ToolOutcome(text=text, ok=not errors, error="; ".join(errors) or None,
                            urls=tuple(read))
 
+    def call_plugin(self, tool: Any, arguments: dict) -> ToolOutcome:
+        """Run a plug-in tool (schema-checked arguments) through the toolbox's timeout,
+        retries, record/replay cache and cost meter; never raises (CacheError aside)."""
+        identity = getattr(tool, "cache_identity", None) or None
+
+        def live(args: dict) -> dict[str, str]:
+            if identity is not None and self.cost_meter is not None:
+                self.cost_meter.add(plugin_calls=1)
+            try:
+                text = tool.call(args)
+            except (CacheError, *TRANSIENT_ERRORS):
+                raise  # retried (and, when recording, stored as a failure)
+            except Exception as e:  # the tool's answer: recorded and shown, not retried
+                return {"failed": f"{type(e).__name__}: {e}"}
+            if not isinstance(text, str):
+                return {"invalid": f"{tool.name} returned {type(text).__name__}, not the "
+                                   f"observation text (str)"}
+            return {"text": text}
+
+        def once(args: dict) -> dict[str, str]:
+            if identity is None or self.cache is None:
+                return live(args)
+            request = {"tool": identity, "arguments": args}
+            return self.cache.lookup("plugin", request, lambda: live(args))
+
+        own_timeout = getattr(tool, "timeout_s", None) is not None
+        answer, error = self._attempt(once, arguments,
+                                      timeout_s=None if own_timeout else self.timeout_s)
+        if error is not None or "text" not in answer:
+            text = answer.get("invalid") if answer else None
+            text = text or f"{tool.name} failed: {error or answer.get('failed')}"
+            return ToolOutcome(text=text, ok=False, error=text)
+        return ToolOutcome(text=answer["text"], ok=True)
+
     # --- machinery --------------------------------------------------------------------------
 
     @staticmethod
@@ -253,20 +301,23 @@ class Toolbox:
             raise TypeError(f"summarizer returned {type(summary).__name__}, not PageSummary")
         return summary
 
-    def _attempt(self, fn: Callable[..., T], *args: Any) -> tuple[T | None, str | None]:
+    def _attempt(self, fn: Callable[..., T], *args: Any,
+                 timeout_s: float | None | str = "toolbox") -> tuple[T | None, str | None]:
         """(result, None) on success; (None, error text) once every attempt failed.
 
         Only transient failures (ToolBackendError, timeouts, OSError: network, files) are
         retried; anything else is a deterministic bug or bad input that a retry would only
-        repeat after sleeping, stalling a whole rollout group.
+        repeat after sleeping, stalling a whole rollout group. `timeout_s` replaces the
+        toolbox's timeout for this call (None: no timeout thread).
         """
+        timeout = self.timeout_s if timeout_s == "toolbox" else timeout_s
         delay = self.backoff_s
         error = ""
         for attempt in range(self.retries + 1):
             try:
-                if self.timeout_s is None:
+                if timeout is None:
                     return fn(*args), None
-                return self._with_timeout(fn, args), None
+                return self._with_timeout(fn, args, timeout), None
             except CacheError:  # a replay that cannot answer stops; it never makes one up
                 raise
             except TRANSIENT_ERRORS as e:
@@ -279,7 +330,8 @@ class Toolbox:
         attempts = self.retries + 1
         return None, error + (f" (after {attempts} attempts)" if attempts > 1 else "")
 
-    def _with_timeout(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    def _with_timeout(self, fn: Callable[..., T], args: tuple[Any, ...],
+                      timeout_s: float | None = None) -> T:
         # A daemon thread per call rather than a pool: an abandoned, hung call must neither
         # occupy a pool slot nor keep the interpreter from exiting.
         box: dict[str, Any] = {}
@@ -290,11 +342,12 @@ class Toolbox:
             except BaseException as e:  # handed to the caller's thread below
                 box["error"] = e
 
+        timeout = self.timeout_s if timeout_s is None else timeout_s
         worker = threading.Thread(target=work, name="venus-tool-call", daemon=True)
         worker.start()
-        worker.join(self.timeout_s)
+        worker.join(timeout)
         if worker.is_alive():
-            raise TimeoutError(f"no answer within {self.timeout_s} s")
+            raise TimeoutError(f"no answer within {timeout} s")
         if "error" in box:
             raise box["error"]
         return box["value"]
