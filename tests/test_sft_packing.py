@@ -85,7 +85,7 @@ def test_packed_loss_equals_separate_losses(tokenizer, arch):
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_varlen_attention_equals_separate_losses(tokenizer, arch):
-    from trainers.sft.varlen import packed_spans
+    from trainers.modeling.varlen import packed_spans
 
     model = build_tiny_causal_lm(tokenizer, arch=arch, hidden=64, layers=2, seed=3,
                                  kv_heads=1)
@@ -102,6 +102,6 @@ def test_varlen_attention_equals_separate_losses(tokenizer, arch):
             single = collate(samples, [[index]], tokenizer.pad_token_id, False, 50)
             separate += float(masked_lm_loss_sum(model(input_ids=single.input_ids).logits,
                                                  single.labels))
-    assert model.config._attn_implementation != "venus_sft_varlen"  # restored
+    assert model.config._attn_implementation != "venus_varlen"  # restored
     assert abs(varlen - separate) <= 1e-5 * separate
     assert abs(dense - separate) <= 1e-5 * separate

@@ -146,6 +146,19 @@ def banned_control_ids(chat: ChatTokenizer) -> list[int]:
     return sorted(int(i) for i in chat.control_ids - {chat.end_of_turn_id})
 
 
+@dataclass
+class GroupPlay:
+    """One group for rollout_groups: its env, reset seed and options, sampling, trajectory
+    id prefix (default: the task id) and cancellation check (asked before every turn)."""
+
+    group_env: Any
+    seed: int | None = None
+    options: dict[str, Any] | None = None
+    sampling: SamplingConfig | None = None
+    trajectory_id_prefix: str | None = None
+    should_stop: Callable[[], bool] | None = None
+
+
 def rollout_group(engine: Engine, group_env: Any, chat: ChatTokenizer, *,
                   seed: int | None = None, options: dict[str, Any] | None = None,
                   sampling: SamplingConfig | None = None, max_context_tokens: int = 32_768,
@@ -171,34 +184,88 @@ def rollout_group(engine: Engine, group_env: Any, chat: ChatTokenizer, *,
         G trajectories (member order) with messages, turns, outcome and the token view
         (input_ids, loss_mask, rollout_logprobs, turn spans/boundaries, question_end).
     """
-    sampling = sampling or SamplingConfig()
+    play = GroupPlay(group_env, seed, options, sampling, trajectory_id_prefix, should_stop)
+    return rollout_groups(engine, [play], chat, max_context_tokens=max_context_tokens,
+                          stats=stats, max_retries=max_retries)[0]
+
+
+def rollout_groups(engine: Engine, groups: Sequence[GroupPlay], chat: ChatTokenizer, *,
+                   max_context_tokens: int = 32_768, stats: RolloutStats | None = None,
+                   max_retries: int = 0) -> list[list[Trajectory]]:
+    """Play several groups in lockstep: every turn, the live members of all groups share one
+    engine call (a larger batch decodes more tokens per second). A member's requests and
+    seeds are those rollout_group would send, so each group's trajectories are the ones it
+    would get alone (up to the float rounding of a different batch). Any group's
+    `should_stop` abandons them all (RolloutCancelled)."""
     if max_retries < 0:
         raise ValueError(f"max_retries must be >= 0, got {max_retries}")
     stats = stats if stats is not None else RolloutStats()
-    if getattr(group_env.envs[0].toolbox, "timeout_s", 0) is None \
-            and not _offline_tools(group_env.envs[0]):
-        warnings.warn("the group env's tools have no timeout (tool_timeout_s=None): a stuck "
-                      "remote backend would stall the rollout", RuntimeWarning, stacklevel=2)
-    started = time.perf_counter()
-    questions, _ = group_env.reset(seed=seed, options=options)
-    task = group_env.task
-    members = [_Member(ConversationBuilder(chat, [
-        {"role": "system", "content": group_env.system_prompt},
-        {"role": "user", "content": question}])) for question in questions]
-    stats.env_seconds += time.perf_counter() - started
     banned = banned_control_ids(chat)
+    states = [_GroupState.start(play, chat, stats) for play in groups]
 
-    for turn_index in itertools.count():  # ends when every member is done
-        if should_stop is not None and should_stop():
-            engine.forget_conversations()
-            raise RolloutCancelled(f"group of task {task.id} cancelled before turn {turn_index}")
-        live = [i for i, member in enumerate(members) if not member.done]
-        requests, asking = [], []
-        for i in live:
-            prompt = members[i].builder.prompt_ids()
+    for turn_index in itertools.count():  # ends when every member of every group is done
+        for state in states:
+            if state.play.should_stop is not None and state.play.should_stop():
+                engine.forget_conversations()
+                raise RolloutCancelled(f"group of task {state.task.id} cancelled before "
+                                       f"turn {turn_index}")
+        asked = [(state, state.requests(turn_index, chat, banned, max_context_tokens))
+                 for state in states]
+        requests = [request for _, (_, group_requests) in asked for request in group_requests]
+        if not requests:
+            break
+        results = iter(_generate(engine, requests, stats))
+        for state, (asking, group_requests) in asked:
+            if not asking:
+                continue
+            group_results = [next(results) for _ in asking]
+            if max_retries:
+                group_results = _retried(engine, state.play.group_env, chat, state.members,
+                                         asking, group_requests, group_results, max_retries,
+                                         stats)
+            state.step(asking, group_results, chat, stats)
+
+    engine.forget_conversations()  # the episodes are over: free their KV caches
+    return [state.trajectories() for state in states]
+
+
+@dataclass
+class _GroupState:
+    """One group's members as its episodes are played."""
+
+    play: GroupPlay
+    sampling: SamplingConfig
+    task: Any
+    members: list[_Member]
+
+    @classmethod
+    def start(cls, play: GroupPlay, chat: ChatTokenizer, stats: RolloutStats) -> _GroupState:
+        group_env = play.group_env
+        if getattr(group_env.envs[0].toolbox, "timeout_s", 0) is None \
+                and not _offline_tools(group_env.envs[0]):
+            warnings.warn("the group env's tools have no timeout (tool_timeout_s=None): a "
+                          "stuck remote backend would stall the rollout", RuntimeWarning,
+                          stacklevel=4)
+        started = time.perf_counter()
+        questions, _ = group_env.reset(seed=play.seed, options=play.options)
+        members = [_Member(ConversationBuilder(chat, [
+            {"role": "system", "content": group_env.system_prompt},
+            {"role": "user", "content": question}])) for question in questions]
+        stats.env_seconds += time.perf_counter() - started
+        return cls(play, play.sampling or SamplingConfig(), group_env.task, members)
+
+    def requests(self, turn_index: int, chat: ChatTokenizer, banned: list[int],
+                 max_context_tokens: int) -> tuple[list[int], list[GenerationRequest]]:
+        """(members asked, their requests) for this turn; members out of context room are
+        cut first."""
+        sampling, requests, asking = self.sampling, [], []
+        for i, member in enumerate(self.members):
+            if member.done:
+                continue
+            prompt = member.builder.prompt_ids()
             room = max_context_tokens - len(prompt)
             if room < 1:
-                _cut_for_context(group_env, members[i], i)
+                _cut_for_context(self.play.group_env, member, i)
                 continue
             requests.append(GenerationRequest(
                 prompt_ids=prompt, max_new_tokens=min(sampling.max_turn_tokens, room),
@@ -207,35 +274,35 @@ def rollout_group(engine: Engine, group_env: Any, chat: ChatTokenizer, *,
                 banned_token_ids=banned, presence_penalty=sampling.presence_penalty,
                 seed=None if sampling.seed is None else sampling.seed + 1000 * turn_index + i))
             asking.append(i)
-        if not asking:
-            break
-        results = _generate(engine, requests, stats)
-        if max_retries:
-            results = _retried(engine, group_env, chat, members, asking, requests, results,
-                               max_retries, stats)
+        return asking, requests
 
+    def step(self, asking: list[int], results: list[GenerationResult], chat: ChatTokenizer,
+             stats: RolloutStats) -> None:
+        """The asked members' generated turns into their conversations and the env."""
+        group_env = self.play.group_env
         started = time.perf_counter()
-        actions: list[str | None] = [None] * len(members)
+        actions: list[str | None] = [None] * len(self.members)
         texts: dict[int, str] = {}
         for i, result in zip(asking, results):
+            member = self.members[i]
             stats.generated_tokens += len(result.token_ids)
             text = _decoded(chat, result)
-            members[i].builder.add_generation(result.token_ids, text, result.logprobs)
-            members[i].finish_reasons.append(result.finish_reason)
+            member.builder.add_generation(result.token_ids, text, result.logprobs)
+            member.finish_reasons.append(result.finish_reason)
             # The record keeps the builder's text (control-token strings defused), so the
             # turn and its message agree; the environment parses what was generated.
-            texts[i] = members[i].builder.messages[-1]["content"]
+            texts[i] = member.builder.messages[-1]["content"]
             actions[i] = text_before_stop_string(text, result.stop_string)
         observations, rewards, _, _, infos = group_env.step(actions)
         for i in asking:
-            _record_step(members[i], texts[i], observations[i], rewards[i], infos[i],
+            _record_step(self.members[i], texts[i], observations[i], rewards[i], infos[i],
                          group_env.done[i])
         stats.env_seconds += time.perf_counter() - started
 
-    engine.forget_conversations()  # the group's episodes are over: free their KV caches
-    prefix = trajectory_id_prefix or task.id
-    return [_trajectory(member, f"{prefix}/{i}", task, seed)
-            for i, member in enumerate(members)]
+    def trajectories(self) -> list[Trajectory]:
+        prefix = self.play.trajectory_id_prefix or self.task.id
+        return [_trajectory(member, f"{prefix}/{i}", self.task, self.play.seed)
+                for i, member in enumerate(self.members)]
 
 
 def _offline_tools(env: Any) -> bool:

@@ -1,7 +1,7 @@
 """Run a transformers model with a custom registered attention function, temporarily.
 
 Both custom attention paths (IG probes in `packed_attention`, packed SFT samples in
-`sft.varlen`) need the same two things for the duration of one forward: the model's
+`modeling.varlen`) need the same two things for the duration of one forward: the model's
 attention implementation switched to the registered function, and that function's side
 input (probe layout, sample spans) available through a context variable. Both are restored
 on exit, even after an error. Not thread-safe for one model object shared by threads (the

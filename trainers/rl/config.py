@@ -110,6 +110,11 @@ class RolloutConfig:
         "trained on (metrics rollout/groups_cut, rollout/groups_kept). Groups stay whole. "
         "1.0 waits for every group. Below 1 the kept groups depend on timing, so a resumed "
         "run is no longer bit for bit the uninterrupted one.", 1.0)
+    groups_per_call: int = help_field(
+        "Groups a rollout worker plays at once, their turns sharing engine calls (a larger "
+        "batch decodes more tokens per second; docs/benchmarks.md, \"RL learner speed\"). "
+        "1 = group by group. Needs completion_cutoff 1 when > 1 (a cut cancels a whole call).",
+        1)
     cpus_per_worker: float = help_field("Ray CPUs reserved per rollout worker.", 1.0)
     gpus_per_worker: float = help_field("Ray GPUs per rollout worker (vLLM on a GPU: 1).", 0.0)
 
@@ -146,7 +151,15 @@ class LearnerConfig:
                                    "mini-batches of whole trajectories). 2 by default: with "
                                    "one mini-batch and one epoch the ratio is exactly 1 and "
                                    "PPO clipping never engages.", 2)
-    micro_batch_size: int = help_field("Trajectories per forward/backward on a learner.", 4)
+    packing: bool = help_field("Lay a micro-batch's trajectories end to end in one row (each "
+                               "attends only to itself; trainers.modeling.varlen) instead of "
+                               "padding them to the longest: micro-batches by token budget "
+                               "(micro_batch_tokens), no padding. False: padded micro-batches "
+                               "of micro_batch_size trajectories.", True)
+    micro_batch_tokens: int = help_field("packing: most tokens of one packed micro-batch (a "
+                                         "longer trajectory gets one of its own).", 16384)
+    micro_batch_size: int = help_field("packing false: trajectories per padded "
+                                       "forward/backward on a learner.", 4)
     num_learners: int = help_field("Learner processes (torch.distributed); 1 = in the driver "
                                    "process unless the run is on Ray.", 1)
     backend: str = help_field("torch.distributed backend: 'auto' (nccl with GPUs, else gloo), "
@@ -173,8 +186,9 @@ class LearnerConfig:
                                              "gate_proj", "up_proj", "down_proj"))
 
     def model_settings(self) -> dict[str, Any]:
-        """The Learner's precision, memory and LoRA keyword arguments."""
-        return dict(dtype=self.dtype, autocast=self.autocast,
+        """The Learner's batching, precision, memory and LoRA keyword arguments."""
+        return dict(packing=self.packing, micro_batch_tokens=self.micro_batch_tokens,
+                    dtype=self.dtype, autocast=self.autocast,
                     gradient_checkpointing=self.gradient_checkpointing,
                     lora_rank=self.lora_rank, lora_alpha=self.lora_alpha,
                     lora_dropout=self.lora_dropout, lora_targets=tuple(self.lora_targets))
@@ -287,11 +301,16 @@ class RLConfig:
             (self.rollout.temperature > 0, "rollout.temperature must be > 0 (log-probs and "
              "probe scores use logits / temperature; greedy rollouts have no gradient)"),
             (self.rollout.num_workers >= 0, "rollout.num_workers must be >= 0"),
+            (self.rollout.groups_per_call >= 1, "rollout.groups_per_call must be >= 1"),
+            (self.rollout.groups_per_call == 1 or self.rollout.completion_cutoff == 1,
+             "rollout.groups_per_call > 1 needs completion_cutoff 1 (a cut straggler would "
+             "cancel the other groups of its call)"),
             (0 < self.rollout.completion_cutoff <= 1,
              f"rollout.completion_cutoff must be in (0, 1] (the fraction of groups to wait "
              f"for), got {self.rollout.completion_cutoff}"),
             (self.learner.num_learners >= 1, "learner.num_learners must be >= 1"),
             (self.learner.micro_batch_size >= 1, "learner.micro_batch_size must be >= 1"),
+            (self.learner.micro_batch_tokens >= 1, "learner.micro_batch_tokens must be >= 1"),
             (self.learner.mini_batches >= 1, "learner.mini_batches must be >= 1"),
             (self.learner.ppo_epochs >= 1, "learner.ppo_epochs must be >= 1"),
             (self.learner.backend in ("auto", "gloo", "nccl"),

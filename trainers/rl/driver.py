@@ -109,11 +109,21 @@ class StepRollouts:
 
 
 def roll_out(rollouts: WorkerGroup, jobs: list[RolloutJob], cutoff: float,
-             on_group_done: Callable[[RolloutResult, WorkerGroup], None] | None = None
-             ) -> StepRollouts:
+             on_group_done: Callable[[RolloutResult, WorkerGroup], None] | None = None,
+             groups_per_call: int = 1) -> StepRollouts:
     """Every job's group, or (cutoff < 1) the first groups_needed(...) to finish: the others
-    are cancelled between turns and dropped whole."""
+    are cancelled between turns and dropped whole. groups_per_call > 1: a worker plays that
+    many groups at once (RolloutWorker.rollout_many)."""
     started = time.perf_counter()
+    if groups_per_call > 1:
+        def each_group(results: list[RolloutResult], group: WorkerGroup) -> None:
+            for result in results:
+                on_group_done(result, group)
+
+        calls = [jobs[i:i + groups_per_call] for i in range(0, len(jobs), groups_per_call)]
+        kept = [result for results in rollouts.map(
+            "rollout_many", calls, each_group if on_group_done else None) for result in results]
+        return StepRollouts(kept, 0, time.perf_counter() - started)
     need = groups_needed(cutoff, len(jobs))
     results = rollouts.map("rollout", jobs, on_group_done, need=need,
                            cancel="cancel" if need < len(jobs) else None)
@@ -129,8 +139,9 @@ class RolloutSchedule:
 
     def __init__(self, rollouts: WorkerGroup, jobs_of: Callable[[int], list[RolloutJob]],
                  cutoff: float, on_group_done: Callable[..., None] | None, ahead: bool,
-                 concurrent: bool):
+                 concurrent: bool, groups_per_call: int = 1):
         self.rollouts, self.jobs_of, self.cutoff = rollouts, jobs_of, cutoff
+        self.groups_per_call = groups_per_call
         self.on_group_done, self.ahead = on_group_done, ahead
         self._background = ThreadPoolExecutor(1) if ahead and concurrent else None
         self._next: Future[StepRollouts] | StepRollouts | None = None
@@ -138,7 +149,8 @@ class RolloutSchedule:
     def take(self, step: int) -> StepRollouts:
         """Step `step`'s groups (rolled out now, or already under way)."""
         if self._next is None:
-            return roll_out(self.rollouts, self.jobs_of(step), self.cutoff, self.on_group_done)
+            return roll_out(self.rollouts, self.jobs_of(step), self.cutoff, self.on_group_done,
+                            self.groups_per_call)
         rolled = self._next.result() if isinstance(self._next, Future) else self._next
         self._next = None
         return rolled
@@ -147,7 +159,8 @@ class RolloutSchedule:
         """async_rollouts: start step `step`'s groups now."""
         if not self.ahead:
             return
-        args = (self.rollouts, self.jobs_of(step), self.cutoff, self.on_group_done)
+        args = (self.rollouts, self.jobs_of(step), self.cutoff, self.on_group_done,
+                self.groups_per_call)
         self._next = self._background.submit(roll_out, *args) if self._background else \
             roll_out(*args)
 
@@ -299,7 +312,7 @@ def train(config: RLConfig, *, stop_after: int | None = None,
             rollouts, lambda step: step_jobs(config.run.seed, step,
                                              config.rollout.queries_per_step, num_tasks),
             config.rollout.completion_cutoff, on_group_done, config.run.async_rollouts,
-            workers.concurrent)
+            workers.concurrent, config.rollout.groups_per_call)
         with run_logger(config, output_dir, start_step) as logger:
             for step in range(start_step, end):
                 timer = PhaseTimer()

@@ -39,6 +39,7 @@ import contextlib
 import copy
 import os
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,9 +51,10 @@ import torch.distributed as dist
 from trainers.algorithms.information_gain import InformationGainConfig, score_batch
 from trainers.algorithms.probes import build_probe_template, build_probes, encode_text
 from trainers.batch import RolloutBatch
-from trainers.modeling.logprobs import policy_token_logprobs
+from trainers.modeling.logprobs import PackedRow, policy_token_logprobs
 from trainers.modeling.lora import LoraSettings
 from trainers.modeling.models import load_policy, resolve_dtype
+from trainers.modeling.varlen import pack_lengths
 from trainers.rl.strategy import make_strategy
 
 LEARNER_STATE_FILE = "learner.pt"
@@ -112,7 +114,9 @@ class Learner:
         policy_path: starting weights and tokenizer.
         algorithm: a trainers.algorithms.Algorithm.
         lr, betas, weight_decay, grad_clip, warmup_steps: AdamW settings.
-        micro_batch_size: trajectories per forward/backward.
+        packing: a micro-batch's trajectories in one packed row (trainers.modeling.logprobs
+            .PackedRow), micro-batches of at most `micro_batch_tokens` tokens; False:
+            padded micro-batches of `micro_batch_size` trajectories.
         rank, world_size: torch.distributed rank and size (size 1 = no process group).
         master: "host:port" of the rendezvous; "" = call `join` later (the driver asks rank
             0 for `rendezvous_address()` first, so multi-node clusters work).
@@ -132,6 +136,7 @@ class Learner:
     def __init__(self, policy_path: str, algorithm: Any, *, lr: float,
                  betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0,
                  grad_clip: float = 1.0, warmup_steps: int = 0, micro_batch_size: int = 4,
+                 packing: bool = False, micro_batch_tokens: int = 16384,
                  rank: int = 0, world_size: int = 1, master: str = "", backend: str = "auto",
                  strategy: str = "ddp", use_gpu: bool = True, threads: int = 0, seed: int = 0,
                  temperature: float = 1.0, dtype: str = "float32", autocast: str = "off",
@@ -183,6 +188,7 @@ class Learner:
         self.optimizer = self.strategy.optimizer(self.model, self.optimizer_settings)
         self.lr, self.warmup_steps, self.grad_clip = lr, warmup_steps, grad_clip
         self.micro_batch_size = micro_batch_size
+        self.packing, self.micro_batch_tokens = packing, micro_batch_tokens
         self.updates = 0
         self._weight_sync: Any = None  # the weight-broadcast group (sync.method: broadcast)
         self.probe_template = None
@@ -249,18 +255,19 @@ class Learner:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         parts: list[dict[str, float]] = []
-        starts = list(range(0, batch.batch_size if batch is not None else 0,
-                            self.micro_batch_size))
-        for _ in range(self.strategy.extra_micro_batches(len(starts), self.device)):
+        micro_batches = self._micro_batches(batch) if batch is not None else []
+        for _ in range(self.strategy.extra_micro_batches(len(micro_batches), self.device)):
             self._zero_weighted_pass()
         aggregation = self.algorithm.loss_aggregation
-        for start in starts:
-            micro = batch.select(range(start, min(start + self.micro_batch_size,
-                                                  batch.batch_size))).to(self.device)
-            logprobs, entropy = self._logprobs(self.model, micro, grad=True)
-            loss, micro_metrics = self.algorithm.loss(micro, logprobs, entropy)
-            share = loss_share(micro, totals, aggregation)
-            (loss * (share * self.strategy.loss_scale)).backward()
+        for rows in micro_batches:
+            micro = batch.select(rows).to(self.device)
+            # backward() inside the forward's context: gradient checkpointing recomputes
+            # the forward there and must see the same (packed) attention.
+            with self._forward_context(micro, self.model) as forward:
+                logprobs, entropy = forward(grad=True)
+                loss, micro_metrics = self.algorithm.loss(micro, logprobs, entropy)
+                share = loss_share(micro, totals, aggregation)
+                (loss * (share * self.strategy.loss_scale)).backward()
             # Diagnostics weighted by this micro-batch's share of the global loss units: the
             # learner group's sum over learners is the batch-weighted mean.
             parts.append({key: float(value) if key in EXTREME_METRICS else float(value) * share
@@ -360,13 +367,48 @@ class Learner:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
+    def _micro_batches(self, batch: RolloutBatch) -> list[list[int]]:
+        """Rows of `batch` per micro-batch: packed by token budget, or micro_batch_size
+        rows in batch order."""
+        if self.packing:
+            return pack_lengths([int(n) for n in batch.lengths], self.micro_batch_tokens)
+        return [list(range(start, min(start + self.micro_batch_size, batch.batch_size)))
+                for start in range(0, batch.batch_size, self.micro_batch_size)]
+
+    @contextlib.contextmanager
+    def _forward_context(self, micro: RolloutBatch, model: Any) -> Iterator[Any]:
+        """`forward(grad)` -> aligned log-probs and entropies [B, L] of `micro`'s policy
+        tokens under `model`, valid inside the context: one packed row (its attention
+        switched for the context), or the padded micro-batch."""
+        row = PackedRow(micro) if self.packing else None
+
+        def forward(grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+            with torch.set_grad_enabled(grad), self._autocast():
+                if row is not None:
+                    return row.policy_token_logprobs(model, self.device, self.temperature)
+                return policy_token_logprobs(model, micro, self.device, self.temperature)
+
+        with row.attention(model) if row is not None else contextlib.nullcontext():
+            yield forward
+
     def _logprobs(self, model: Any, batch: RolloutBatch, grad: bool
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.set_grad_enabled(grad), self._autocast():
-            logprobs, entropy = policy_token_logprobs(model, batch, self.device,
-                                                      self.temperature)
-        return (logprobs.detach().cpu(), entropy.detach().cpu()) if not grad else \
-            (logprobs, entropy)
+        """Aligned log-probs and entropies [B, L] of the whole batch, on the CPU: packed
+        micro-batches, or one padded forward."""
+        if not self.packing:
+            with self._forward_context(batch, model) as forward:
+                logprobs, entropy = forward(grad)
+            return logprobs.detach().cpu(), entropy.detach().cpu()
+        logprobs = torch.zeros(batch.input_ids.shape)
+        entropy = torch.zeros(batch.input_ids.shape)
+        for rows in self._micro_batches(batch):
+            micro = batch.select(rows)
+            with self._forward_context(micro, model) as forward:
+                values, entropies = forward(grad)
+            width, index = micro.input_ids.shape[1], torch.as_tensor(rows)
+            logprobs[index, :width] = values.detach().cpu()
+            entropy[index, :width] = entropies.detach().cpu()
+        return logprobs, entropy
 
     def _zero_weighted_pass(self) -> None:
         """A forward and backward that adds nothing to the gradients but takes part in every

@@ -1,6 +1,7 @@
 """Rollout workers: an engine plus G environments each, and the shared search service.
 
     RolloutWorker.rollout(job)        -> RolloutResult  (G trajectories of one query)
+    RolloutWorker.rollout_many(jobs)  -> [RolloutResult] (groups sharing engine calls)
     RolloutWorker.set_weights(state)                    (new policy weights into the engine)
     RolloutWorker.cancel(job)                           (abandon a straggler between turns)
     SearchService.url()               -> the run's one retrieval server (env.shared_search)
@@ -21,10 +22,11 @@ import torch
 
 from trainers.modeling.models import load_policy, load_tokenizer, resolve_model_path
 from trainers.rollout import (
+    GroupPlay,
     RolloutCancelled,
     RolloutStats,
     SamplingConfig,
-    rollout_group,
+    rollout_groups,
     text_token_counter,
 )
 from trainers.trajectory import Trajectory
@@ -116,6 +118,9 @@ class RolloutWorker:
         if search_url:
             kwargs.update(search_backend="retrieval_server", retrieval_url=search_url)
         self.group_env = DeepResearchGroupEnv(group_size=group_size, **kwargs)
+        # More groups for rollout_many (the world and its index are shared per process).
+        self.group_size, self._env_kwargs = group_size, kwargs
+        self._group_envs = [self.group_env]
         self.sampling = sampling
         self.max_context_tokens = max_context_tokens
         self.weights_version = -1
@@ -136,25 +141,44 @@ class RolloutWorker:
         return version
 
     def rollout(self, job: RolloutJob) -> RolloutResult:
+        """One group: G trajectories of the job's task."""
+        return self.rollout_many([job])[0]
+
+    def rollout_many(self, jobs: list[RolloutJob]) -> list[RolloutResult]:
+        """Several groups played in lockstep, their turns sharing engine calls
+        (trainers.rollout.rollout_groups; rollout.groups_per_call). The first result carries
+        the call's engine / env time and generated tokens, the others empty stats, so the
+        results' stats sum to the call's. A cancelled job cancels the whole call."""
         stats = RolloutStats()
-        sampling = dataclasses.replace(self.sampling, seed=job.seed)
-        token = (job.group_id, job.seed)
+        tokens = [(job.group_id, job.seed) for job in jobs]
+        while len(self._group_envs) < len(jobs):
+            from envs.group import DeepResearchGroupEnv
+
+            self._group_envs.append(DeepResearchGroupEnv(group_size=self.group_size,
+                                                         **self._env_kwargs))
+        plays = [GroupPlay(group_env, seed=job.seed, options={"task_index": job.task_index},
+                           sampling=dataclasses.replace(self.sampling, seed=job.seed),
+                           trajectory_id_prefix=f"g{job.group_id}",
+                           should_stop=lambda token=token: token in self._cancelled)
+                 for job, group_env, token in zip(jobs, self._group_envs, tokens)]
         with self._lock:
             try:
-                trajectories = rollout_group(
-                    self.engine, self.group_env, self.chat, seed=job.seed,
-                    options={"task_index": job.task_index}, sampling=sampling,
-                    max_context_tokens=self.max_context_tokens, stats=stats,
-                    trajectory_id_prefix=f"g{job.group_id}",
-                    should_stop=lambda: token in self._cancelled)
+                groups = rollout_groups(self.engine, plays, self.chat,
+                                        max_context_tokens=self.max_context_tokens,
+                                        stats=stats)
             except RolloutCancelled:
-                return RolloutResult(job, [], stats, self.name, self.weights_version,
-                                     cancelled=True)
+                return [RolloutResult(job, [], stats if k == 0 else RolloutStats(), self.name,
+                                      self.weights_version, cancelled=True)
+                        for k, job in enumerate(jobs)]
             finally:
-                self._cancelled.discard(token)
-        for trajectory in trajectories:
-            trajectory.metadata["weights_version"] = self.weights_version
-        return RolloutResult(job, trajectories, stats, self.name, self.weights_version)
+                self._cancelled.difference_update(tokens)
+        results = []
+        for k, (job, trajectories) in enumerate(zip(jobs, groups)):
+            for trajectory in trajectories:
+                trajectory.metadata["weights_version"] = self.weights_version
+            results.append(RolloutResult(job, trajectories, stats if k == 0 else RolloutStats(),
+                                         self.name, self.weights_version))
+        return results
 
     def join_weight_sync(self, address: str, rank: int, world_size: int, backend: str) -> None:
         """Join the weight-broadcast group (sync.method: broadcast; trainers.rl.weight_sync)."""
@@ -186,7 +210,8 @@ class RolloutWorker:
         return self.name
 
     def close(self) -> None:
-        self.group_env.close()
+        for group_env in self._group_envs:
+            group_env.close()
 
 
 class SearchService:

@@ -19,7 +19,7 @@ Where we deviate from DR-Venus and why
 * DR-Venus packs long-context samples with flash-attention varlen kernels on GPUs. torch's
   SDPA has no varlen kernel on CPU, so two exact substitutes are offered: the dense
   block-diagonal mask (simple; O(L^2) per row) and per-sample attention over the recorded
-  spans (trainers.sft.varlen; sum of len_i^2 per row, the default for packed training).
+  spans (trainers.modeling.varlen; sum of len_i^2 per row, the default for packed training).
 * Samples longer than a row are truncated (their tail is lost) rather than split, so a
   trained token always sees its whole history.
 """
@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from trainers.modeling.varlen import pack_lengths
 
 IGNORE_INDEX = -100
 
@@ -79,34 +81,12 @@ def samples_from_trajectories(trajectories: Sequence, max_length: int) -> list[S
 def pack_samples(samples: Sequence[SFTSample], row_length: int,
                  candidates: int = 512) -> list[list[int]]:
     """Pack samples into rows of at most `row_length` tokens, filling each row as full as
-    possible: rows are built one at a time, each from the subset of the remaining samples
-    (the `candidates` longest) whose total length is the largest that fits (exact subset
-    sum, solved with big-integer bitsets: bit t of reach[k] says "the first k candidates
-    can sum to t"). Best-fit decreasing leaves ~10% holes on trajectories of 1.5-3.5K
-    tokens in 8K rows, where no leftover sample fits; subset sums find the combinations
-    that do. Deterministic; returns rows of sample indices."""
+    possible (trainers.modeling.varlen.pack_lengths); returns rows of sample indices."""
     for index, sample in enumerate(samples):
         if len(sample) > row_length:
             raise ValueError(f"sample {index} has {len(sample)} tokens, more than a row "
                              f"({row_length}); truncate first (samples_from_trajectories)")
-    remaining = sorted(range(len(samples)), key=lambda i: (-len(samples[i]), i))
-    keep_bits = (1 << (row_length + 1)) - 1
-    rows: list[list[int]] = []
-    while remaining:
-        pool = remaining[:candidates]
-        reach = [1]
-        for index in pool:
-            reach.append((reach[-1] | (reach[-1] << len(samples[index]))) & keep_bits)
-        total = reach[-1].bit_length() - 1
-        chosen = []
-        for k in range(len(pool), 0, -1):
-            if not (reach[k - 1] >> total) & 1:  # total needs candidate k-1
-                chosen.append(pool[k - 1])
-                total -= len(samples[pool[k - 1]])
-        chosen_set = set(chosen)
-        rows.append(sorted(chosen, key=lambda i: (-len(samples[i]), i)))
-        remaining = [i for i in remaining if i not in chosen_set]
-    return rows
+    return pack_lengths([len(sample) for sample in samples], row_length, candidates)
 
 
 def epoch_rows(samples: Sequence[SFTSample], row_length: int, packing: bool, seed: int,
@@ -160,7 +140,7 @@ class Batch:
                      ) -> dict[str, torch.Tensor]:
         """Keyword arguments for the model, on `device` (default: where the batch is);
         with_mask=False leaves the attention mask out (varlen attention takes the sample
-        spans instead, trainers.sft.varlen)."""
+        spans instead, trainers.modeling.varlen)."""
         device = self.input_ids.device if device is None else device
         inputs = {"input_ids": self.input_ids.to(device),
                   "position_ids": self.position_ids.to(device)}

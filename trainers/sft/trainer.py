@@ -52,6 +52,7 @@ from trainers.checkpoint_files import (
 )
 from trainers.distributed import all_reduce_gradients
 from trainers.modeling.models import BOOLEAN_LOGITS_TO_KEEP
+from trainers.modeling.varlen import packed_spans
 from trainers.run_log import METRICS_FILE, MetricsLogger
 from trainers.sft.config import DataConfig, TrainConfig
 from trainers.sft.packing import (
@@ -62,7 +63,6 @@ from trainers.sft.packing import (
     epoch_rows,
     masked_lm_loss_sum,
 )
-from trainers.sft.varlen import packed_spans
 
 CHECKPOINT_PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.pt"

@@ -1,4 +1,6 @@
-"""Per-sample ("varlen") attention for packed rows on any device, flash-attn style.
+"""Packed rows: how samples are laid end to end (`pack_lengths`) and per-sample ("varlen")
+attention over them on any device, flash-attn style. SFT trains on packed rows; the RL
+learner scores and trains trajectories packed the same way.
 
 A packed row holds several samples that must not attend to each other. A dense
 block-diagonal [L, L] mask is exact but makes every row cost O(L^2) attention whatever its
@@ -24,10 +26,10 @@ from transformers import AttentionInterface
 
 from trainers.modeling.attention_override import attention_override
 
-VARLEN_ATTENTION = "venus_sft_varlen"
+VARLEN_ATTENTION = "venus_varlen"
 
 _SPANS: contextvars.ContextVar[Sequence[Sequence[tuple[int, int]]] | None] = \
-    contextvars.ContextVar("venus_sft_spans", default=None)
+    contextvars.ContextVar("venus_varlen_spans", default=None)
 
 
 def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -61,3 +63,34 @@ def packed_spans(model: torch.nn.Module, spans: Sequence[Sequence[tuple[int, int
     sample), restoring the model's own attention implementation afterwards."""
     with attention_override(model, VARLEN_ATTENTION, _SPANS, spans):
         yield
+
+
+def pack_lengths(lengths: Sequence[int], row_length: int, candidates: int = 512
+                 ) -> list[list[int]]:
+    """Rows of item indices whose lengths sum to at most `row_length`, each row as full as
+    possible: rows are built one at a time, each from the subset of the remaining items
+    (the `candidates` longest) whose total length is the largest that fits (exact subset
+    sum, solved with big-integer bitsets: bit t of reach[k] says "the first k candidates
+    can sum to t"). Best-fit decreasing leaves ~10% holes on trajectories of 1.5-3.5K
+    tokens in 8K rows, where no leftover item fits; subset sums find the combinations that
+    do. Deterministic. An item longer than a row gets a row of its own."""
+    too_long = [i for i, n in enumerate(lengths) if n > row_length]
+    remaining = sorted((i for i, n in enumerate(lengths) if n <= row_length),
+                       key=lambda i: (-lengths[i], i))
+    keep_bits = (1 << (row_length + 1)) - 1
+    rows: list[list[int]] = [[i] for i in too_long]
+    while remaining:
+        pool = remaining[:candidates]
+        reach = [1]
+        for index in pool:
+            reach.append((reach[-1] | (reach[-1] << lengths[index])) & keep_bits)
+        total = reach[-1].bit_length() - 1
+        chosen = []
+        for k in range(len(pool), 0, -1):
+            if not (reach[k - 1] >> total) & 1:  # total needs candidate k-1
+                chosen.append(pool[k - 1])
+                total -= lengths[pool[k - 1]]
+        chosen_set = set(chosen)
+        rows.append(sorted(chosen, key=lambda i: (-lengths[i], i)))
+        remaining = [i for i in remaining if i not in chosen_set]
+    return rows
