@@ -162,8 +162,8 @@ def _member_seed(seed: int, held_out: int, task: int) -> int:
 def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldOut], *,
                     k: int = 1, seed: int = 0, temperature: float = 1.0,
                     max_turn_tokens: int = 256, max_context_tokens: int = 8192,
-                    threads: int = 0, log: Callable[[str], None] | None = print
-                    ) -> dict[str, Evaluation]:
+                    threads: int = 0, log: Callable[[str], None] | None = print,
+                    groups_per_call: int = 1) -> dict[str, Evaluation]:
     """Play every held-out task k times with each policy directory (module docstring).
 
     Args:
@@ -175,6 +175,8 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
         max_turn_tokens: token cap per turn; max_context_tokens: an episode's hard cap.
         threads: torch threads (0 = leave as is).
         log: progress lines (None = quiet).
+        groups_per_call: tasks played at once, their turns sharing engine calls
+            (trainers.rollout.rollout_groups); the trajectories are the same either way.
 
     Returns name -> Evaluation, whose per_task lists follow the same task order.
     """
@@ -183,7 +185,7 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
     from envs.group import DeepResearchGroupEnv
     from trainers.engines.hf import HFEngine
     from trainers.modeling.models import load_policy
-    from trainers.rollout import SamplingConfig, rollout_group, text_token_counter
+    from trainers.rollout import GroupPlay, SamplingConfig, rollout_groups, text_token_counter
 
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for a sampled paired evaluation, got "
@@ -202,24 +204,30 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
             # A stuck remote tool backend must not stall the evaluation.
             env_kwargs = {"tool_timeout_s": 60.0, **held.env_kwargs, "task_split": held.split,
                           "token_counter": text_token_counter(chat)}
-            group = DeepResearchGroupEnv(group_size=k, **env_kwargs)
+            groups = [DeepResearchGroupEnv(group_size=k, **env_kwargs)
+                      for _ in range(max(1, groups_per_call))]
             try:
-                count = len(group.tasks) if not held.num_tasks else min(held.num_tasks,
-                                                                        len(group.tasks))
-                for task in range(count):
-                    member_seed = _member_seed(seed, index, task)
-                    sampling = SamplingConfig(max_turn_tokens=max_turn_tokens,
-                                              temperature=temperature, seed=member_seed)
-                    trajectories = rollout_group(engine, group, chat, seed=member_seed,
-                                                 options={"task_index": task},
-                                                 sampling=sampling,
-                                                 max_context_tokens=max_context_tokens)
-                    for trajectory in trajectories:
-                        trajectory.metadata["held_out"] = held.name
-                    evaluation.per_task.append(trajectories)
-                    evaluation.seeds.append(seed)
+                available = len(groups[0].tasks)
+                count = available if not held.num_tasks else min(held.num_tasks, available)
+                for first in range(0, count, len(groups)):
+                    tasks = range(first, min(first + len(groups), count))
+                    plays = []
+                    for task, group in zip(tasks, groups):
+                        member_seed = _member_seed(seed, index, task)
+                        plays.append(GroupPlay(group, seed=member_seed,
+                                               options={"task_index": task},
+                                               sampling=SamplingConfig(
+                                                   max_turn_tokens=max_turn_tokens,
+                                                   temperature=temperature, seed=member_seed)))
+                    for trajectories in rollout_groups(engine, plays, chat,
+                                                       max_context_tokens=max_context_tokens):
+                        for trajectory in trajectories:
+                            trajectory.metadata["held_out"] = held.name
+                        evaluation.per_task.append(trajectories)
+                        evaluation.seeds.append(seed)
             finally:
-                group.close()
+                for group in groups:
+                    group.close()
         results[name] = evaluation
         if log is not None:
             summary = {m: METRICS[m](evaluation.per_task) for m in HEADLINE}

@@ -221,6 +221,9 @@ class RunConfig:
 
     steps: int = help_field("Training steps (one rollout batch and its updates each).", 20)
     seed: int = help_field("Seed of task order, sampling and initialisation.", 0)
+    train_tasks: int = help_field("Train on the first N tasks of the train split only (a fixed "
+                                  "pool, every step draws from it; benchmarks/fit_check.py); "
+                                  "0 = every train task.", 0)
     output_dir: str = help_field("Checkpoints, metrics.jsonl, samples and the report go here.",
                             "runs/rl")
     save_every: int = help_field("Checkpoint every N steps (0 = only at the end).", 10)
@@ -302,6 +305,7 @@ class RLConfig:
              "probe scores use logits / temperature; greedy rollouts have no gradient)"),
             (self.rollout.num_workers >= 0, "rollout.num_workers must be >= 0"),
             (self.rollout.groups_per_call >= 1, "rollout.groups_per_call must be >= 1"),
+            (self.run.train_tasks >= 0, "run.train_tasks must be >= 0 (0 = every train task)"),
             (self.rollout.groups_per_call == 1 or self.rollout.completion_cutoff == 1,
              "rollout.groups_per_call > 1 needs completion_cutoff 1 (a cut straggler would "
              "cancel the other groups of its call)"),

@@ -94,6 +94,13 @@ def step_jobs(run_seed: int, step: int, queries: int, num_tasks: int) -> list[Ro
     return jobs
 
 
+def train_task_count(available: int, pool: int) -> int:
+    """How many train tasks step_jobs draws from: the first `pool` (run.train_tasks), or all."""
+    if pool > available:
+        raise ValueError(f"run.train_tasks is {pool} but the train split has {available} tasks")
+    return pool or available
+
+
 def groups_needed(cutoff: float, groups: int) -> int:
     """How many of a step's `groups` must finish (rollout.completion_cutoff), at least one."""
     return max(1, min(groups, math.ceil(cutoff * groups - 1e-9)))
@@ -307,7 +314,7 @@ def train(config: RLConfig, *, stop_after: int | None = None,
             result.before = evaluator.evaluate(chat)
         end = config.run.steps if stop_after is None else min(config.run.steps,
                                                               start_step + stop_after)
-        num_tasks = rollouts.call_first("num_tasks")
+        num_tasks = train_task_count(rollouts.call_first("num_tasks"), config.run.train_tasks)
         schedule = RolloutSchedule(
             rollouts, lambda step: step_jobs(config.run.seed, step,
                                              config.rollout.queries_per_step, num_tasks),

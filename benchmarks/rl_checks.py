@@ -1,0 +1,64 @@
+"""What the learning checks share (benchmarks/fit_check.py, benchmarks/learning_check.py):
+train arms of one RL config, then let the policies play the same tasks under the same
+sampling seeds and compare them with paired, task-clustered standard errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+ARMS = ("igpo", "placebo", "grpo")
+
+
+def arm_config(base: Any, arm: str, seed: int, output: Path) -> Any:
+    """The config of one arm: `igpo` (the config as it is), `placebo` (the same with
+    random-sign advantages: the same step sizes, clipping and KL, no signal) or `grpo`
+    (outcome-only advantages, the loss settings kept)."""
+    if arm not in ARMS:
+        raise ValueError(f"unknown arm {arm!r}; choose from {ARMS}")
+    options = dict(base.algorithm.options)
+    name = base.algorithm.name
+    if arm == "placebo":
+        options.update(placebo=True, placebo_seed=seed)
+    elif arm == "grpo":
+        name, options = "grpo", {key: value for key, value in options.items() if key == "loss"}
+    config = dataclasses.replace(base)
+    config.algorithm = dataclasses.replace(base.algorithm, name=name, options=options)
+    config.run = dataclasses.replace(base.run, seed=seed, output_dir=str(output / arm))
+    return config
+
+
+def train_arms(base: Any, arms: list[str], seed: int, output: Path
+               ) -> tuple[dict[str, str], dict[str, float], dict[str, list[dict[str, float]]]]:
+    """Train each arm from the same start; (final policy dirs, seconds, per-step history)."""
+    from trainers.rl.driver import train
+
+    finals, seconds, histories = {}, {}, {}
+    for arm in arms:
+        started = time.perf_counter()
+        result = train(arm_config(base, arm, seed, output))
+        seconds[arm] = time.perf_counter() - started
+        histories[arm] = result.history
+        finals[arm] = str(output / arm / "final")
+        print(f"{arm}: {seconds[arm]:.0f} s; training accuracy per step "
+              f"{[round(h['accuracy'], 3) for h in result.history]}; format errors "
+              f"{[round(h['format_error_rate'], 2) for h in result.history]}", flush=True)
+    return finals, seconds, histories
+
+
+def step_table(histories: dict[str, list[dict[str, float]]],
+               keys: tuple[str, ...] = ("accuracy", "format_error_rate", "kl", "entropy")
+               ) -> list[str]:
+    """Markdown: the arms' training metrics step by step."""
+    arms = list(histories)
+    head = "| step | " + " | ".join(f"{arm} {key}" for arm in arms for key in keys) + " |"
+    lines = [head, "|---" * (1 + len(arms) * len(keys)) + "|"]
+    for step in range(max(len(h) for h in histories.values())):
+        cells = []
+        for arm in arms:
+            row = histories[arm][step] if step < len(histories[arm]) else {}
+            cells += [f"{row[key]:.3f}" if key in row else "" for key in keys]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return lines
