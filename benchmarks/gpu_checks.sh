@@ -31,19 +31,36 @@
 # script exits non-zero if any failed. Logs go to OUTPUT_DIR (default: runs/gpu_checks).
 # STEPS="sft_tests sft_speed" runs only the steps named.
 #
-# The lent GPU image (Python 3.12, no network) lacks gymnasium, Farama-Notifications and
-# tantivy. Download their wheels on a machine with the package index, into `.whl` (add
-# `/.whl/` to .git/info/exclude and carry it to the GPU machine):
+# fit_gpu / learning_gpu: the learning checks on the GPU with the packaged warm start
+#    (benchmarks/fit_check.py, benchmarks/learning_check.py; the policy is tiny, so a GPU step
+#    is mostly decode and kernel-launch time). FIT_ARGS / LEARNING_ARGS add arguments, e.g.
+#    LEARNING_ARGS="--steps 40". Their logs and results.md / results.json go to OUTPUT_DIR.
+#
+# The lent GPU image (Python 3.12, no network) lacks gymnasium, Farama-Notifications,
+# tantivy, Ray and jsonschema (Ray's). Prepare a carry folder `.gpu` on a machine with the
+# package index (`/.gpu/` in .git/info/exclude):
 #     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #         --implementation cp --platform manylinux_2_28_x86_64 \
-#         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-#         gymnasium==1.4.0 farama-notifications==0.0.4 tantivy==0.27.0
-# and on the GPU machine, before this script:
-#     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-#     export PYTHONPATH=/tmp/site:$PWD
+#         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/whl \
+#         gymnasium==1.4.0 farama-notifications==0.0.4 tantivy==0.27.0 jsonschema \
+#         referencing rpds-py jsonschema-specifications
+#     # Ray's wheel (79 MB) is over the carry limit: unpack it, drop its Java jars (unused),
+#     # and repack with xz (33 MB):
+#     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#         --implementation cp --platform manylinux2014_x86_64 -d /tmp/ray ray==2.60.0
+#     (cd /tmp/ray && unzip -q ray-*.whl -d site && rm -r site/ray/jars && \
+#      tar cf - -C site . | xz -6 > "$OLDPWD/.gpu/ray_site.tar.xz")
+# This script installs them into /tmp/site when `.gpu` is there (carry it: carry [".gpu"]).
 set -u
 out=${1:-${OUT:-runs/gpu_checks}}
 mkdir -p "$out"
+if [ -d .gpu ] && [ ! -e /tmp/site/.installed ]; then
+    mkdir -p /tmp/site
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl \
+        && { [ ! -f .gpu/ray_site.tar.xz ] || tar xJf .gpu/ray_site.tar.xz -C /tmp/site; } \
+        && touch /tmp/site/.installed || echo "installing the carried packages failed"
+fi
+[ -d /tmp/site ] && export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; fi
 python=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
@@ -106,4 +123,15 @@ if [[ $steps == *" rl_step "* ]]; then
 fi
 step rl_step_cpu 300 "$python" benchmarks/rl_step.py --device cpu --steps 2 --async-steps 0 \
     --work runs/rl_step_cpu
+# The learning checks on the GPU (the warm start is tiny: the runs are decode-bound).
+# Their runs stay under runs/; only results.md / .json are copied to OUTPUT_DIR.
+step fit_gpu "${FIT_LIMIT:-540}" "$python" benchmarks/fit_check.py --seed 0 \
+    --output runs/fit_gpu ${FIT_ARGS:-}
+step learning_gpu "${LEARNING_LIMIT:-540}" "$python" benchmarks/learning_check.py --seed 0 \
+    --output runs/learning_gpu ${LEARNING_ARGS:-}
+for check in fit_gpu learning_gpu; do
+    for f in results.md results.json; do
+        [ -f "runs/$check/$f" ] && cp "runs/$check/$f" "$out/${check}_$f"
+    done
+done
 exit $failed

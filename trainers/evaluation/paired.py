@@ -154,6 +154,14 @@ def comparison_lines(table: Mapping[str, Difference], a_name: str, b_name: str) 
     return lines
 
 
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
 def _member_seed(seed: int, held_out: int, task: int) -> int:
     # A task's sampling seed: apart for every (set, task), the same for every policy.
     return (seed * 1_000_003 + held_out * 100_003 + task * 1_009) % (2**31 - 10_000)
@@ -163,7 +171,7 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
                     k: int = 1, seed: int = 0, temperature: float = 1.0,
                     max_turn_tokens: int = 256, max_context_tokens: int = 8192,
                     threads: int = 0, log: Callable[[str], None] | None = print,
-                    groups_per_call: int = 1) -> dict[str, Evaluation]:
+                    groups_per_call: int = 1, device: str = "auto") -> dict[str, Evaluation]:
     """Play every held-out task k times with each policy directory (module docstring).
 
     Args:
@@ -177,6 +185,8 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
         log: progress lines (None = quiet).
         groups_per_call: tasks played at once, their turns sharing engine calls
             (trainers.rollout.rollout_groups); the trajectories are the same either way.
+        device: where the policies run: "auto" (the current CUDA device when there is one,
+            else the CPU), "cpu" or "cuda".
 
     Returns name -> Evaluation, whose per_task lists follow the same task order.
     """
@@ -198,7 +208,7 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
     for name, path in policies.items():
         started = time.perf_counter()
         model, tokenizer, chat = load_policy(path)
-        engine = HFEngine(model.eval(), tokenizer)
+        engine = HFEngine(model.eval().to(_device(device)), tokenizer)
         evaluation = Evaluation(k=k)
         for index, held in enumerate(held_out):
             # A stuck remote tool backend must not stall the evaluation.
