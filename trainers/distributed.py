@@ -9,7 +9,12 @@
     group.map("rollout", jobs, on_result)              each job once, on whichever worker is idle
     group.map("rollout", jobs, need=6, cancel="cancel")   stop once 6 are done (stragglers cut)
     group.call_sticky("set_weights", ref, version)     every worker now, every replacement later
+    group.placements()                                 where each worker runs (Ray)
     all_reduce_gradients(model.parameters())           data-parallel SFT workers and RL learners
+
+Placement groups: `RayActors(placement=[PlacementGroupSpec("run", bundles, "STRICT_PACK")])`
+reserves the bundles before any actor starts; a `WorkerSpec(..., bundle=Bundle("run", i))`
+starts in bundle i (a replacement too), and `backend.close()` removes the groups.
 
 A backend starts workers and runs verbs on them as futures. `InProcess` builds the worker
 objects here and runs a verb at once (its future is already done); `RayActors` starts each
@@ -33,6 +38,7 @@ is the gradient of the whole batch, the same as one replica computes alone.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -106,6 +112,9 @@ def all_reduce_gradients(parameters: Iterable[torch.nn.Parameter]) -> None:
 # --- worker groups --------------------------------------------------------------------------
 # How long the other workers of a failed call get to show that a dead peer caused it.
 DEAD_PEER_GRACE_S = 10.0
+# How long a placement group may take to be reserved before the run gives up: long enough
+# for a cluster's nodes to free a finished job's resources, short enough to fail visibly.
+PLACEMENT_TIMEOUT_S = 120.0
 
 
 class WorkerDied(RuntimeError):
@@ -116,15 +125,69 @@ class WorkerDied(RuntimeError):
         self.group, self.index = group, index
 
 
+@dataclass(frozen=True)
+class Bundle:
+    """A seat for one worker: bundle `index` of the backend's placement group `group`."""
+
+    group: str
+    index: int
+
+
 @dataclass
 class WorkerSpec:
     """How to start one worker: `cls(*args, **kwargs)` with `resources` (Ray's
-    `ray.remote` options: num_cpus, num_gpus, max_restarts; ignored in-process)."""
+    `ray.remote` options: num_cpus, num_gpus, max_restarts; ignored in-process), in
+    `bundle` of a placement group the backend reserved (None: Ray's default scheduling)."""
 
     cls: type
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     resources: dict[str, Any] = field(default_factory=dict)
+    bundle: Bundle | None = None
+
+
+@dataclass(frozen=True)
+class PlacementGroupSpec:
+    """A Ray placement group to reserve before any worker starts: one resource dict per
+    bundle (e.g. {"CPU": 1, "GPU": 1}; Ray refuses an empty one) and Ray's strategy:
+    STRICT_PACK (one node), PACK (as few nodes as possible), SPREAD (as many as possible) or
+    STRICT_SPREAD (one node per bundle)."""
+
+    name: str
+    bundles: tuple[dict[str, float], ...]
+    strategy: str
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a worker process runs: Ray's node id, the placement group id it was scheduled
+    into and the bundle it holds (None outside a placement group or outside Ray)."""
+
+    node: str | None
+    placement_group: str | None
+    bundle_index: int | None
+
+
+def current_placement() -> Placement:
+    """This process's Placement (in a Ray actor: what Ray actually granted it)."""
+    try:
+        import ray
+    except ImportError:
+        return Placement(None, None, None)
+    if not ray.is_initialized():
+        return Placement(None, None, None)
+    context = ray.get_runtime_context()
+    group = context.get_placement_group_id()
+    index = None
+    if group is not None:
+        # Ray exposes no public bundle index; a process scheduled into bundle i holds the
+        # resource "bundle_group_<i>_<group id>" (Ray adds it to every request in a bundle,
+        # also to an actor that reserves nothing else), so the index is read from its name.
+        held = context.worker.core_worker.resource_ids()
+        pattern = re.compile(rf"bundle_group_(\d+)_{group}")
+        index = next((int(m.group(1)) for name in held if (m := pattern.fullmatch(name))),
+                     None)
+    return Placement(context.get_node_id(), group, index)
 
 
 class _Done:
@@ -152,6 +215,9 @@ class InProcess:
     start_errors: tuple[type[BaseException], ...] = ()
 
     def start(self, spec: WorkerSpec) -> Any:
+        if spec.bundle is not None:
+            raise ValueError(f"{spec.cls.__name__} asks for a placement group bundle; "
+                             "placement groups need Ray actors")
         return spec.cls(*spec.args, **spec.kwargs)
 
     def submit(self, worker: Any, verb: str, *args: Any) -> _Done:
@@ -174,6 +240,13 @@ class InProcess:
         if close is not None:
             close()
 
+    def where(self, workers: Sequence[Any]) -> list[Placement]:
+        """Every in-process worker runs in this process."""
+        return [current_placement() for _ in workers]
+
+    def close(self) -> None:
+        """Nothing was reserved."""
+
     def uses_gpu(self, reserved_gpus: float) -> bool:
         """In-process workers may use this machine's GPU."""
         return True
@@ -182,12 +255,20 @@ class InProcess:
 class RayActors:
     """Each worker is a Ray actor (a local Ray with `num_cpus` (default: every core) is
     started unless one is running, `address` names a cluster or RAY_ADDRESS is set:
-    `init_ray`)."""
+    `init_ray`).
+
+    placement: placement groups reserved here, before any actor starts, so that a layout
+    the cluster cannot hold fails at once with its reason (after `placement_timeout_s`)
+    instead of leaving actors pending; workers whose spec names a `bundle` start in it.
+    `close()` removes the groups.
+    """
 
     # Calls run in other processes: a caller may overlap them (asynchronous rollouts).
     concurrent = True
 
-    def __init__(self, address: str = "", num_cpus: int | None = None):
+    def __init__(self, address: str = "", num_cpus: int | None = None,
+                 placement: Sequence[PlacementGroupSpec] = (),
+                 placement_timeout_s: float = PLACEMENT_TIMEOUT_S):
         import ray
         from ray.exceptions import RayActorError, RayError
 
@@ -198,9 +279,41 @@ class RayActors:
         # cannot start may fail with any Ray error.
         self.dead_errors = (RayActorError,)
         self.start_errors = (RayError,)
+        self.groups: dict[str, Any] = {}
+        try:
+            for request in placement:
+                self._reserve(request, placement_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _reserve(self, request: PlacementGroupSpec, timeout_s: float) -> None:
+        from ray.util.placement_group import placement_group
+
+        if request.name in self.groups:
+            raise ValueError(f"two placement groups named {request.name!r}")
+        group = placement_group([dict(b) for b in request.bundles], strategy=request.strategy)
+        self.groups[request.name] = group
+        if not group.wait(timeout_s):
+            raise RuntimeError(
+                f"placement group {request.name!r} ({request.strategy}, bundles "
+                f"{list(request.bundles)}) could not be reserved in {timeout_s:.0f} s: the "
+                f"cluster has {self._ray.available_resources()} free of "
+                f"{self._ray.cluster_resources()}. Reserve less per worker or add nodes "
+                f"(STRICT_PACK needs one node that holds every bundle)")
 
     def start(self, spec: WorkerSpec) -> Any:
-        return self._ray.remote(**spec.resources)(spec.cls).remote(*spec.args, **spec.kwargs)
+        options = dict(spec.resources)
+        if spec.bundle is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            if spec.bundle.group not in self.groups:
+                raise ValueError(f"{spec.cls.__name__} asks for placement group "
+                                 f"{spec.bundle.group!r}, which this backend did not reserve "
+                                 f"(it has {sorted(self.groups)})")
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                self.groups[spec.bundle.group], spec.bundle.index)
+        return self._ray.remote(**options)(spec.cls).remote(*spec.args, **spec.kwargs)
 
     def submit(self, worker: Any, verb: str, *args: Any) -> Any:
         return getattr(worker, verb).remote(*args)
@@ -224,18 +337,41 @@ class RayActors:
     def stop(self, worker: Any) -> None:
         self._ray.kill(worker)  # an unreachable (not dead) worker would keep its resources
 
+    def where(self, workers: Sequence[Any]) -> list[Placement]:
+        """Where each actor runs, as the actor itself sees it (Ray's `__ray_call__` runs the
+        function in the actor, so worker classes need no verb for it)."""
+        return self._ray.get([w.__ray_call__.remote(_placement_of_actor) for w in workers])
+
+    def close(self) -> None:
+        """Remove the placement groups (Ray also kills any actor still in one)."""
+        from ray.util.placement_group import remove_placement_group
+
+        for group in self.groups.values():
+            remove_placement_group(group)
+        self.groups.clear()
+
     def uses_gpu(self, reserved_gpus: float) -> bool:
         """An actor uses a GPU only when it reserved one (it sees no other)."""
         return reserved_gpus > 0
 
 
+def _placement_of_actor(_actor: Any) -> Placement:
+    return current_placement()
+
+
 Backend = InProcess | RayActors
 
 
-def backend_for(use_ray: bool, address: str = "", num_cpus: int | None = None) -> Backend:
+def backend_for(use_ray: bool, address: str = "", num_cpus: int | None = None,
+                placement: Sequence[PlacementGroupSpec] = ()) -> Backend:
     """The one in-process / Ray decision: Ray actors (joining `address` or starting a local
-    Ray with `num_cpus`) when `use_ray`, else objects in this process."""
-    return RayActors(address, num_cpus) if use_ray else InProcess()
+    Ray with `num_cpus`, reserving the `placement` groups) when `use_ray`, else objects in
+    this process (which cannot be placed)."""
+    if use_ray:
+        return RayActors(address, num_cpus, placement)
+    if placement:
+        raise ValueError("placement groups need Ray actors (use_ray)")
+    return InProcess()
 
 
 class WorkerGroup:
@@ -422,6 +558,10 @@ class WorkerGroup:
     def put(self, value: Any) -> Any:
         """`value` as an argument for many calls (shared, not copied per call, on Ray)."""
         return self.backend.put(value)
+
+    def placements(self) -> list[Placement]:
+        """Where each live worker runs (node, placement group, bundle), in worker order."""
+        return self.backend.where(self.workers)
 
     def shutdown(self) -> None:
         """Stop every worker (in-process: its `close`; Ray: the actor is killed)."""

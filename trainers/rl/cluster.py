@@ -1,6 +1,7 @@
 """The RL run's workers: learners, rollout workers and the optional shared search service,
 started from an RLConfig in this process or as Ray actors (the run's one in-process / Ray
-decision: `backend_for(config.run.use_ray, ...)`).
+decision: `backend_for(config.run.use_ray, ...)`), in the placement groups of
+`run.placement` (trainers.rl.placement) when it is not 'none'.
 
     workers = start_workers(config, algorithm)
     workers.learners.score(...); workers.rollouts.map("rollout", jobs)
@@ -10,12 +11,14 @@ decision: `backend_for(config.run.use_ray, ...)`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from trainers.distributed import WorkerGroup, WorkerSpec, backend_for
+from trainers.distributed import Backend, WorkerGroup, WorkerSpec, backend_for
 from trainers.rl.config import RLConfig
 from trainers.rl.learner import Learner
 from trainers.rl.learner_group import LearnerGroup
+from trainers.rl.placement import PlacementPlan, placement_plan
 from trainers.rl.rollout_worker import RolloutWorker, SearchService
 from trainers.rollout import SamplingConfig
 
@@ -35,19 +38,35 @@ class Workers:
         return bool(self.rollouts.backend.concurrent)
 
     def close(self) -> None:
-        """Release everything, even when a learner died or raised."""
+        """Release everything, even when a learner died or raised: the actors, then the
+        placement groups they ran in."""
         try:
             self.learners.close()
         finally:
-            for group in (self.rollouts, self.search):
-                if group is not None:
-                    group.shutdown()
+            try:
+                for group in (self.rollouts, self.search):
+                    if group is not None:
+                        group.shutdown()
+            finally:
+                self.rollouts.backend.close()
 
 
 def start_workers(config: RLConfig, algorithm: Any) -> Workers:
     """Learners (joined by torch.distributed when several), rollout workers with their
-    engines and, with env.shared_search, one retrieval service they all search."""
-    backend = backend_for(config.run.use_ray, config.run.ray_address)
+    engines and, with env.shared_search, one retrieval service they all search. With
+    run.placement the placement groups are reserved first and each learner and rollout
+    worker starts in its own bundle (a replacement worker in the dead one's)."""
+    plan = placement_plan(config)
+    backend = backend_for(config.run.use_ray, config.run.ray_address, placement=plan.groups)
+    try:
+        return _start(config, algorithm, backend, plan)
+    except BaseException:
+        backend.close()  # actors that did start die with their placement group
+        raise
+
+
+def _start(config: RLConfig, algorithm: Any, backend: Backend, plan: PlacementPlan
+           ) -> Workers:
     learner, rollout = config.learner, config.rollout
     search = WorkerGroup(backend, [WorkerSpec(
         SearchService, (config.env.kwargs(),),
@@ -61,12 +80,12 @@ def start_workers(config: RLConfig, algorithm: Any) -> Workers:
                     **learner.model_settings())
     learners = LearnerGroup(WorkerGroup(backend, [WorkerSpec(
         Learner, (config.policy.path, algorithm), {**settings, "rank": rank},
-        {"num_cpus": learner.cpus_per_learner, "num_gpus": learner.gpus_per_learner})
-        for rank in range(learner.num_learners)], role="learner"))
+        {"num_cpus": learner.cpus_per_learner, "num_gpus": learner.gpus_per_learner},
+        plan.learners[rank]) for rank in range(learner.num_learners)], role="learner"))
     learners.join()
     sampling = SamplingConfig(max_turn_tokens=rollout.max_turn_tokens,
                               temperature=rollout.temperature, top_p=rollout.top_p)
-    worker = WorkerSpec(RolloutWorker, (
+    worker = partial(WorkerSpec, RolloutWorker, (
         config.policy.path, config.env.kwargs(), rollout.group_size, sampling,
         rollout.max_context_tokens, rollout.engine, config.policy.threads,
         search.call_first("url") if search else None, dict(rollout.vllm_options),
@@ -77,7 +96,7 @@ def start_workers(config: RLConfig, algorithm: Any) -> Workers:
                    "max_restarts": 0,
                    # A straggler's `cancel` must run while its `rollout` runs.
                    **({"max_concurrency": 2} if rollout.completion_cutoff < 1 else {})})
-    rollouts = WorkerGroup(backend, [worker] * max(1, rollout.num_workers),
+    rollouts = WorkerGroup(backend, [worker(bundle=bundle) for bundle in plan.rollouts],
                            max_restarts=rollout.max_worker_restarts, role="rollout worker",
                            restarts_field="rollout.max_worker_restarts")
     return Workers(learners, rollouts, search)

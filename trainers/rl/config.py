@@ -39,6 +39,7 @@ from trainers.config_utils import (
     help_field,
     load_yaml_config,
 )
+from trainers.rl.placement import placement_problems
 
 
 @dataclass
@@ -240,6 +241,13 @@ class RunConfig:
                                "same loop in-process (debugging).", False)
     ray_address: str = help_field("ray.init address ('' = start a local Ray; 'auto' = join the "
                                   "running cluster).", "")
+    placement: str = help_field(
+        "Where Ray puts the learners and rollout engines (trainers/rl/placement.py; needs "
+        "use_ray): 'none' (Ray's default scheduler), 'colocated' (one STRICT_PACK placement "
+        "group: every learner and engine on one node, so engines can share the learners' "
+        "GPUs with fractional gpus_per_*) or 'split' (learners PACKed into one group, "
+        "engines SPREAD over nodes in another). Each actor gets a bundle of its "
+        "cpus_/gpus_per_* reserved before any actor starts.", "none")
     progress_bar: bool = help_field("tqdm progress bar (else one line per step).", True)
     tensorboard: str = help_field("'auto' (when installed), 'on' or 'off'.", "auto")
     wandb_project: str = help_field("W&B project ('' = no W&B).", "")
@@ -354,6 +362,7 @@ class RLConfig:
              "rollout.max_context_tokens must exceed env.max_context_tokens so the forced "
              "final turn fits"),
         ]
+        problems += placement_problems(self)
         for ok, message in problems:
             if not ok:
                 raise ValueError(message)
