@@ -134,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     config = load_rl_config(args.config)
     config.run = dataclasses.replace(config.run, use_ray=False)
     config.rollout = dataclasses.replace(config.rollout, num_workers=0)
-    config.learner = dataclasses.replace(config.learner, num_learners=1)
+    # One PPO epoch: SFT's tokens/s is one pass over the data, so the learner's is too (the
+    # config's ppo_epochs repeats the update on the same tokens).
+    config.learner = dataclasses.replace(config.learner, num_learners=1, ppo_epochs=1)
     if config.policy.threads:
         torch.set_num_threads(config.policy.threads)
     print(f"config {args.config}: {config.rollout.queries_per_step} queries x "
