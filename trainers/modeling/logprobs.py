@@ -134,6 +134,7 @@ class PackedRow:
     """
 
     def __init__(self, batch: Any):
+        batch = batch.to("cpu")  # the layout is built here; the forward moves it over
         lengths = [int(n) for n in batch.lengths]
         self.shape = tuple(batch.input_ids.shape)
         self.spans: list[tuple[int, int]] = []
