@@ -27,6 +27,7 @@ from transformers import AttentionInterface
 from trainers.modeling.attention_override import attention_override
 
 VARLEN_ATTENTION = "venus_varlen"
+_ACTIVE: list = []  # the spans of the open packed_spans contexts, innermost last
 
 _SPANS: contextvars.ContextVar[Sequence[Sequence[tuple[int, int]]] | None] = \
     contextvars.ContextVar("venus_varlen_spans", default=None)
@@ -35,7 +36,9 @@ _SPANS: contextvars.ContextVar[Sequence[Sequence[tuple[int, int]]] | None] = \
 def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                      **kwargs):
     """query [B, H, L, D], key/value [B, H_kv, L, D] -> ([B, L, H, D], None)."""
-    spans = _SPANS.get()
+    # A CUDA backward recomputes checkpointed layers on autograd's device thread, which does
+    # not see this thread's context variables: the spans set last are the fallback.
+    spans = _SPANS.get() or (_ACTIVE[-1] if _ACTIVE else None)
     if spans is None:
         raise RuntimeError("varlen attention called outside `packed_spans(...)`")
     if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
@@ -61,8 +64,12 @@ def packed_spans(model: torch.nn.Module, spans: Sequence[Sequence[tuple[int, int
                  ) -> Iterator[None]:
     """Run `model` with varlen attention over `spans` (per row, the [start, end) of each
     sample), restoring the model's own attention implementation afterwards."""
-    with attention_override(model, VARLEN_ATTENTION, _SPANS, spans):
-        yield
+    _ACTIVE.append(spans)
+    try:
+        with attention_override(model, VARLEN_ATTENTION, _SPANS, spans):
+            yield
+    finally:
+        _ACTIVE.pop()
 
 
 def pack_lengths(lengths: Sequence[int], row_length: int, candidates: int = 512
