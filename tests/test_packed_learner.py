@@ -134,3 +134,32 @@ def test_groups_sharing_engine_calls_give_the_groups_own_trajectories():
     assert [[t.input_ids for t in group] for group in together] == \
         [[t.input_ids for t in group] for group in alone]
     assert stats.engine_calls == max(len(t.turns) for group in alone for t in group)
+
+
+def test_a_checkpointed_backward_on_another_thread_still_sees_the_packed_spans(policy_dir):
+    """On CUDA, autograd recomputes checkpointed layers on its own device thread, which does
+    not inherit the caller's context variables; the packed row's spans must reach it."""
+    import threading
+
+    from trainers.modeling.models import load_policy
+
+    model, _, _ = load_policy(policy_dir)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    batch = uneven_batch()
+    row = PackedRow(batch)
+    errors = []
+
+    def backward(loss):
+        try:
+            loss.backward()
+        except Exception as error:  # noqa: BLE001 - reported by the assertion below
+            errors.append(error)
+
+    with row.attention(model):
+        logprobs, _ = row.policy_token_logprobs(model, torch.device("cpu"))
+        worker = threading.Thread(target=backward, args=(-logprobs.sum(),))
+        worker.start()
+        worker.join()
+    assert not errors, errors
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
