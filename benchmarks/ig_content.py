@@ -1,7 +1,12 @@
 """Does information gain carry content? IG with the gold answer vs IG with wrong answers.
 
+    python benchmarks/ig_content.py --policy warm-start              # the packaged policy
     python benchmarks/ig_content.py --policy runs/demo/sft/final     # a trained policy
     python benchmarks/ig_content.py                                  # trains a quick one first
+
+A packaged policy (`warm-start`, or any directory with a warm_start.json) is measured in its
+own env settings (prompt style, hops, search width) on world --world-seed (default 0, which
+its SFT never saw); other policies in the demo SFT config's env.
 
 For oracle trajectories (the scripted agent's searches and visits, tokenised with the
 policy's own chat template) on tasks of the policy's world, the first visit's IG is computed
@@ -44,6 +49,7 @@ from trainers.data.oracle_data import (
     tokenize_trajectories,
 )
 from trainers.modeling.models import load_policy
+from trainers.modeling.warm_start import warm_start_info
 
 DEMO_SFT = Path(__file__).resolve().parents[1] / "trainers" / "configs" / "demo_sft.yaml"
 VARIANTS = ("question", "previous_turn", "contrastive")
@@ -98,12 +104,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--wrong", type=int, default=6, help="wrong answers per trajectory")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--world-seed", type=int, default=0,
+                        help="the world of a packaged policy's measurement")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
 
     env_kwargs = demo_env()
     policy = args.policy
+    info = warm_start_info(policy) if policy else None
+    if info is not None:  # the packaged policy's own env settings, on an unseen world
+        env_kwargs = {**env_kwargs, **info["env"], "world_size": info["world_size"],
+                      "world_seed": args.world_seed}
+        print(f"{policy}: env {info['env']}, world {info['world_size']} pages, seed "
+              f"{args.world_seed}")
     if not policy:
         workdir = Path(tempfile.mkdtemp(prefix="ig_content_"))
         policy, env_kwargs = quick_sft(workdir / "sft", args.sft_episodes)

@@ -26,8 +26,11 @@ def test_local_model_directory_loads_with_its_weights_in_train_mode(tmp_path):
 
 def test_unknown_model_name_is_a_clear_error(tmp_path):
     tokenizer = build_chatml_tokenizer(["x y z"] * 4, vocab_size=300)
-    with pytest.raises(ValueError, match="local directory"):
-        build_model(ModelConfig(name=str(tmp_path / "missing")), tokenizer)
+    missing = tmp_path / "missing"
+    with pytest.raises(ValueError, match="neither a GGUF file nor a directory") as caught:
+        build_model(ModelConfig(name=str(missing)), tokenizer)
+    assert str(missing) in str(caught.value)
+    assert "local Hugging Face cache" in str(caught.value)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
