@@ -202,3 +202,19 @@ print("TORCH", "torch" in sys.modules)
     assert "TORCH False" in result.stdout
     assert re.search(r"\d+ pages, \d+ tasks", result.stdout)
     assert (tmp_path / "w" / "corpus.jsonl").is_file()
+
+
+MAX_MODULE_LINES = 600  # a module a reader can hold in mind; split by idea beyond that
+MAX_TOP_LEVEL_TRAINERS_MODULES = 12  # the rest lives in its stage's subpackage
+
+
+def test_modules_stay_small_and_trainers_is_organised_by_stage():
+    too_long = {str(path.relative_to(REPO)): lines for package in ("envs", "trainers")
+                for path in _sources(package)
+                if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not too_long, (f"modules over {MAX_MODULE_LINES} lines: {too_long}; split them by "
+                          f"idea (docs/design.md's file map names where each part lives)")
+    top_level = sorted(path.name for path in (REPO / "trainers").glob("*.py"))
+    assert len(top_level) <= MAX_TOP_LEVEL_TRAINERS_MODULES, (
+        f"{len(top_level)} modules at the top of trainers/ ({top_level}): move stage code into "
+        f"its subpackage (algorithms, engines, evaluation, modeling, rl, sft, data)")

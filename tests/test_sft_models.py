@@ -37,7 +37,7 @@ def test_unknown_model_name_is_a_clear_error(tmp_path):
 def test_grown_model_computes_the_same_logits_and_its_new_layers_learn(tmp_path, arch):
     """Block expansion: new layers start as the identity (same logits, same cached
     generation), get gradients, and the grown model saves and loads with its new depth."""
-    from trainers.modeling.models import grow_layers
+    from trainers.modeling.grow import grow_layers
 
     tokenizer = build_chatml_tokenizer(["a small corpus for a small tokenizer"] * 4,
                                        vocab_size=300)
@@ -70,7 +70,7 @@ def test_grown_model_computes_the_same_logits_and_its_new_layers_learn(tmp_path,
 
 
 def test_model_config_grows_a_loaded_model_and_refuses_bad_indices(tmp_path):
-    from trainers.modeling.models import grow_layers
+    from trainers.modeling.grow import grow_layers
 
     tokenizer = build_chatml_tokenizer(["x y z"] * 4, vocab_size=300)
     saved = build_tiny_causal_lm(tokenizer, hidden=64, layers=2, seed=1)

@@ -78,7 +78,7 @@ class ModelConfig:
         "Block expansion (LLaMA Pro): after loading the model, insert a new decoder layer "
         "after each of these layer indices, starting as the identity (a copy with zeroed "
         "output projections), so a trained model gains depth without losing what it "
-        "learned (trainers.modeling.models.grow_layers; qwen3, qwen2, llama). Empty = no growth.", ())
+        "learned (trainers.modeling.grow.grow_layers; qwen3, qwen2, llama). Empty = no growth.", ())
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:

@@ -30,12 +30,12 @@ from trainers.data.oracle_data import (
     tokenize_trajectories,
     world_texts,
 )
+from trainers.modeling.grow import grow_layers
 from trainers.modeling.lora import LoraSettings, apply_lora, has_lora, merged_state_dict
 from trainers.modeling.models import (
     build_chat_tokenizer,
     build_chatml_tokenizer,
     build_tiny_causal_lm,
-    grow_layers,
     load_causal_lm,
     load_pretrained_tokenizer,
     load_smollm2,
