@@ -58,6 +58,7 @@ class PipelineResult:
 
 
 DEMO_EVAL_SAMPLES = 2  # samples per held-out task in the paired evaluation
+DEMO_EVAL_GROUPS_PER_CALL = 8  # held-out tasks played at once (shared engine calls)
 WHY_WARM_START = ("the few-minute SFT policy of stage 3 learns the turn format but never "
                   "answers correctly, so every RL group would have equal outcomes and no "
                   "outcome signal; the packaged warm start answers some held-out tasks "
@@ -149,7 +150,8 @@ def run_pipeline(sft_config: Any, rl_config: Any, output_dir: str | Path,
                            temperature=rl_config.rollout.temperature,
                            max_turn_tokens=rl_config.eval.max_turn_tokens,
                            max_context_tokens=rl_config.rollout.max_context_tokens,
-                           threads=rl_config.policy.threads)
+                           threads=rl_config.policy.threads,
+                           groups_per_call=DEMO_EVAL_GROUPS_PER_CALL)
     table = compare(runs["start"], runs["after RL"], seed=rl_config.run.seed)
     before, after = runs["start"].summary(), runs["after RL"].summary()
     seconds["eval"] = time.perf_counter() - started
