@@ -1,0 +1,80 @@
+"""Do trained policies beat their start on held-out tasks? Paired, sampled, no training.
+
+    python benchmarks/transfer_check.py igpo=runs/fit/seed1/igpo/final \
+        placebo=runs/fit/seed1/placebo/final          # the fit check's policies, held out
+
+Every policy named NAME=DIR and the start (--start, default the config's policy.path) play
+the same test-split tasks of the config's world (--num-tasks, 0 = all) k times at
+temperature 1.0 under the same sampling seeds (trainers.evaluation.paired), with the
+config's env settings; each policy is compared with the start (and with `placebo`, when one
+is named so), with task-clustered paired SEs. Use it to ask whether what RL fitted on its
+training questions (benchmarks/fit_check.py) carries over to questions it never saw.
+Prints the tables and `RESULT <name>_<metric>_gain_z=` for each policy and headline metric.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = REPO / "benchmarks" / "configs" / "fit_check_igpo.yaml"
+
+
+def parse_policies(pairs: list[str]) -> dict[str, str]:
+    policies = {}
+    for pair in pairs:
+        name, sep, path = pair.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"policies are NAME=DIR, got {pair!r}")
+        if name == "start" or name in policies:
+            raise SystemExit(f"policy name {name!r} is taken; names must be unique, not 'start'")
+        policies[name] = path
+    return policies
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("policies", nargs="+", metavar="NAME=DIR", help="trained policies")
+    parser.add_argument("--start", default=None, help="the start policy (default: the "
+                                                      "config's policy.path)")
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG),
+                        help="RL config whose env settings and world the tasks come from")
+    parser.add_argument("--k", type=int, default=2, help="samples per task and policy")
+    parser.add_argument("--num-tasks", type=int, default=0, help="test tasks (0 = all)")
+    parser.add_argument("--seed", type=int, default=0, help="the sampling seed")
+    parser.add_argument("--groups-per-call", type=int, default=8,
+                        help="tasks played at once (shared engine calls)")
+    args = parser.parse_args(argv)
+    policies = parse_policies(args.policies)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+    from trainers.evaluation.paired import HeldOut, compare, comparison_lines, paired_evaluate
+    from trainers.rl.config import load_rl_config
+
+    base = load_rl_config(args.config)
+    start = args.start or base.policy.path
+    held_out = [HeldOut(f"world {base.env.world_seed} test", base.env.kwargs(), "test",
+                        args.num_tasks)]
+    runs = paired_evaluate({"start": start, **policies}, held_out, k=args.k, seed=args.seed,
+                           temperature=1.0, max_turn_tokens=base.rollout.max_turn_tokens,
+                           max_context_tokens=base.rollout.max_context_tokens,
+                           threads=base.policy.threads, groups_per_call=args.groups_per_call)
+    results = []
+    for name in policies:
+        table = compare(runs["start"], runs[name], seed=args.seed)
+        print(f"\n## {name} vs start ({start})\n")
+        print("\n".join(comparison_lines(table, "start", name)))
+        results += [f"RESULT {name}_{metric.replace('@', '')}_gain_z={d.z:.2f}"
+                    for metric, d in table.items()]
+        if "placebo" in policies and name != "placebo":
+            gap = compare(runs["placebo"], runs[name], seed=args.seed)
+            print(f"\n## {name} vs placebo\n")
+            print("\n".join(comparison_lines(gap, "placebo", name)))
+    print("\n" + "\n".join(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
