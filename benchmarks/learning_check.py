@@ -40,7 +40,7 @@ import os
 import time
 from pathlib import Path
 
-from rl_checks import step_table, train_arms
+from rl_checks import arm_tables, step_table, train_arms
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "benchmarks" / "configs" / "learning_check_igpo.yaml"
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     started_all = time.perf_counter()
 
-    from trainers.evaluation.paired import HeldOut, compare, comparison_lines, paired_evaluate
+    from trainers.evaluation.paired import HeldOut, comparison_lines, paired_evaluate
     from trainers.modeling.warm_start import warm_start_info
     from trainers.rl.config import load_rl_config
 
@@ -110,11 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                            threads=base.policy.threads, groups_per_call=args.groups_per_call)
     seconds["eval"] = time.perf_counter() - started
     seconds["total"] = time.perf_counter() - started_all
-    tables = {f"{arm} vs start": compare(runs["start"], runs[arm], seed=args.seed)
-              for arm in finals}
-    if "igpo" in finals:
-        tables.update({f"igpo vs {arm}": compare(runs[arm], runs["igpo"], seed=args.seed)
-                       for arm in finals if arm != "igpo"})
+    tables = arm_tables(runs, list(finals), args.seed)
 
     tasks = len(runs["start"].per_task)
     lines = [f"# Learning check, seed {args.seed}", "",

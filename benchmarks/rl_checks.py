@@ -62,3 +62,15 @@ def step_table(histories: dict[str, list[dict[str, float]]],
             cells += [f"{row[key]:.3f}" if key in row else "" for key in keys]
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
     return lines
+
+
+def arm_tables(runs: dict[str, Any], arms: list[str], seed: int) -> dict[str, dict[str, Any]]:
+    """Paired comparisons of the played policies: every arm vs the start, and IGPO vs every
+    other arm (trainers.evaluation.paired.compare; the titles name "<b> vs <a>")."""
+    from trainers.evaluation.paired import compare
+
+    tables = {f"{arm} vs start": compare(runs["start"], runs[arm], seed=seed) for arm in arms}
+    if "igpo" in arms:
+        tables.update({f"igpo vs {arm}": compare(runs[arm], runs["igpo"], seed=seed)
+                       for arm in arms if arm != "igpo"})
+    return tables
