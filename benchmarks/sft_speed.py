@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from trainers.modeling.models import resolve_device  # noqa: E402
 from trainers.sft.config import SFTExperimentConfig, from_dict  # noqa: E402
 from trainers.sft.packing import epoch_rows, padding_waste  # noqa: E402
 from trainers.sft.pipeline import (  # noqa: E402
@@ -36,7 +37,7 @@ from trainers.sft.pipeline import (  # noqa: E402
     build_samples,
     build_tokenizer,
 )
-from trainers.sft.trainer import SFTTrainer, resolve_device  # noqa: E402
+from trainers.sft.trainer import SFTTrainer  # noqa: E402
 
 
 def run_epoch(config: SFTExperimentConfig, samples, tokenizer, packing: bool,

@@ -276,15 +276,15 @@ def test_chained_passes_continue_their_parent_and_keep_off_held_out_worlds():
 
 
 def test_device_setting_resolves_or_names_the_problem(monkeypatch):
-    from trainers.sft.trainer import resolve_device
+    from trainers.modeling.models import resolve_device
 
     assert resolve_device("cpu") == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == torch.device("cpu")
     with pytest.raises(ValueError, match="train.device is 'cuda:0' but torch sees no CUDA"):
-        resolve_device("cuda:0")
+        resolve_device("cuda:0", "train.device")
     with pytest.raises(ValueError, match="train.device must be .*'gpu0'"):
-        resolve_device("gpu0")
+        resolve_device("gpu0", "train.device")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device("auto") == torch.device("cuda")
 

@@ -154,14 +154,6 @@ def comparison_lines(table: Mapping[str, Difference], a_name: str, b_name: str) 
     return lines
 
 
-def _device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
 def _member_seed(seed: int, held_out: int, task: int) -> int:
     # A task's sampling seed: apart for every (set, task), the same for every policy.
     return (seed * 1_000_003 + held_out * 100_003 + task * 1_009) % (2**31 - 10_000)
@@ -194,7 +186,7 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
 
     from envs.group import DeepResearchGroupEnv
     from trainers.engines.hf import HFEngine
-    from trainers.modeling.models import load_policy
+    from trainers.modeling.models import load_policy, resolve_device
     from trainers.rollout import GroupPlay, SamplingConfig, rollout_groups, text_token_counter
 
     if temperature <= 0:
@@ -208,7 +200,8 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
     for name, path in policies.items():
         started = time.perf_counter()
         model, tokenizer, chat = load_policy(path)
-        engine = HFEngine(model.eval().to(_device(device)), tokenizer)
+        model = model.eval().to(resolve_device(device, "paired_evaluate(device=...)"))
+        engine = HFEngine(model, tokenizer)
         evaluation = Evaluation(k=k)
         for index, held in enumerate(held_out):
             # A stuck remote tool backend must not stall the evaluation.

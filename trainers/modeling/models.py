@@ -17,6 +17,8 @@
   onto the tokenizer, so the saved policy directory carries the template it was trained with.
 * `load_policy(path)` / `load_tokenizer(path)`: a saved policy directory or GGUF file (the RL
   workers'), with the template its tokenizer carries.
+* `resolve_device(name, setting)`: 'auto' / 'cpu' / 'cuda:N' to a torch device, refusing a
+  CUDA device torch cannot see (SFT's train.device, the paired evaluation).
 * `resolve_model_path(path)`: the name `warm-start` (WARM_START) stands for the policy that
   ships inside the package (trainers/warm_start/, its model card README.md there), wherever
   a model or policy path is accepted (`venus-gym eval --policy warm-start`, RL
@@ -383,6 +385,22 @@ def resolve_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
     return DTYPES[name]
+
+
+def resolve_device(name: str, setting: str = "device") -> torch.device:
+    """The torch device `name` names ('auto': CUDA when available); `setting` is the config
+    field or argument it came from, named in the error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise ValueError(f"{setting} must be 'auto', 'cpu' or a torch device such as "
+                         f"'cuda:0', got {name!r} ({error})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{setting} is {name!r} but torch sees no CUDA device "
+                         f"(torch {torch.__version__}); use 'auto' or 'cpu'")
+    return device
 
 
 def is_gguf(path: str | Path) -> bool:

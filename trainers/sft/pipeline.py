@@ -177,11 +177,11 @@ def prepare_model(config: SFTExperimentConfig, tokenizer: Any) -> PreTrainedMode
     data-parallel workers place their own replicas) and, unless resuming, put through the
     induction warm-up. Call it before building the data: a warm-up that misses its target
     (InductionWarmupError) then costs no data time."""
-    from trainers.sft.trainer import resolve_device
+    from trainers.modeling.models import resolve_device
 
     model = build_model(config.model, tokenizer)
     if config.train.num_workers == 1:
-        model = model.to(resolve_device(config.train.device))
+        model = model.to(resolve_device(config.train.device, "train.device"))
     if config.train.induction_warmup_steps and not config.train.resume:
         from trainers.sft.warmup import induction_warmup
 

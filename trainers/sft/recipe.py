@@ -44,6 +44,7 @@ from transformers import AutoModelForCausalLM
 from trainers.config_utils import config_to_yaml, is_override
 from trainers.engines.hf import HFEngine
 from trainers.evaluation.evaluate import evaluate
+from trainers.modeling.models import resolve_device
 from trainers.rollout import SamplingConfig
 from trainers.sft.config import SFTExperimentConfig, config_to_dict, load_config
 from trainers.sft.pipeline import (
@@ -54,7 +55,7 @@ from trainers.sft.pipeline import (
     prepare_model,
     train_sft,
 )
-from trainers.sft.trainer import STATE_FILE, resolve_device
+from trainers.sft.trainer import STATE_FILE
 from trainers.sft.warmup import InductionWarmupError
 
 
@@ -93,7 +94,7 @@ def train_and_evaluate(config: SFTExperimentConfig, evaluate_untrained: bool = F
     print(f"data: {len(samples)} samples, {sum(map(len, samples))} tokens "
           f"({time.perf_counter() - data_started:.1f} s)", flush=True)
     results: dict[str, float] = {}
-    device = resolve_device(config.train.device)
+    device = resolve_device(config.train.device, "train.device")
     if evaluate_untrained:  # the same seeded initialisation prepare_model starts from
         untrained = build_model(config.model, tokenizer).to(device)
         results.update({f"untrained_{key}": value
@@ -132,7 +133,7 @@ def evaluate_checkpoint(config: SFTExperimentConfig, checkpoint: str) -> dict[st
         raise ValueError(f"the weights in {checkpoint} do not fit the model the config builds "
                          f"(model.name {config.model.name!r}, grow_layers_after "
                          f"{list(config.model.grow_layers_after)}): {error}") from error
-    model = model.to(resolve_device(config.train.device))
+    model = model.to(resolve_device(config.train.device, "train.device"))
     return {"step": step, **evaluate_model(config, model, chat)}
 
 

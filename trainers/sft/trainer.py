@@ -93,21 +93,6 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
     raise ValueError(f"precision must be 'fp32', 'bf16' or 'auto', got {precision!r}")
 
 
-def resolve_device(name: str) -> torch.device:
-    """The torch device that train.device `name` names ('auto': CUDA when available)."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as error:
-        raise ValueError(f"train.device must be 'auto', 'cpu' or a torch device such as "
-                         f"'cuda:0', got {name!r} ({error})") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"train.device is {name!r} but torch sees no CUDA device "
-                         f"(torch {torch.__version__}); use 'auto' or 'cpu'")
-    return device
-
-
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
     """The complete checkpoint directory with the highest step in output_dir, if any
     (scratch directories of a save cut short are never returned)."""
