@@ -23,7 +23,7 @@ from trainers.engines.base import Engine, GenerationRequest, GenerationResult
 from trainers.engines.scripted import chatml_user_messages
 from trainers.evaluation.evaluate import Evaluation
 from trainers.evaluation.evaluate import evaluate as evaluate_engine
-from trainers.evaluation.metrics import trajectory_stats
+from trainers.evaluation.metrics import is_repetition_loop, trajectory_stats
 from trainers.evaluation.training_report import write_report
 from trainers.modeling.models import build_chatml_tokenizer
 from trainers.modeling.tokenization import ChatTokenizer
@@ -88,6 +88,7 @@ def test_trajectory_stats_hand_computed(batch: list[Trajectory]) -> None:
         "accuracy": (1.0 + 0.0 + 0.0 + 0.5) / 4,       # None counts 0
         "answer_rate": 3 / 4,                          # c ends on an invalid turn
         "format_error_rate": 3 / 12,                   # 1 + 2 invalid of 4 + 3 + 2 + 3 turns
+        "format_error_repetition_rate": 0.0,           # no invalid turn loops
         "mean_turns": 12 / 4,
         "browse_ratio": (2 / 3 + 0 + 0 + 1 / 2) / 4,
         "browse_ratio_correct": (2 / 3 + 1 / 2) / 2,   # a and d
@@ -100,6 +101,21 @@ def test_trajectory_stats_hand_computed(batch: list[Trajectory]) -> None:
     for key, value in expected.items():
         assert stats[key] == pytest.approx(value), key
     assert all(isinstance(v, float) for v in stats.values())
+
+
+def test_repetition_rate_counts_malformed_loops_only() -> None:
+    trajectory = make("r", ["search", "invalid", "invalid", "invalid", "answer"], 0.0)
+    texts = ["<think>\nA rule: " + "-" * 40 + "\n</think>",  # valid turn: never counted
+             "<think>\nFound it: " + "8" * 40,              # a one-character loop
+             "<think>\nno closing tag",                      # malformed, no loop
+             "<think>\nThe city is " + "kavik " * 20]        # a six-character unit
+    for turn, text in zip(trajectory.turns, texts):
+        turn.assistant = text
+    stats = trajectory_stats([trajectory])
+    assert stats["format_error_rate"] == pytest.approx(3 / 5)
+    assert stats["format_error_repetition_rate"] == pytest.approx(2 / 5)
+    assert is_repetition_loop("8" * 16) and not is_repetition_loop("8" * 15)
+    assert not is_repetition_loop("Step 1: search. Step 2: visit. Step 3: answer.")
 
 
 def test_trajectory_stats_nan_on_an_empty_side(batch: list[Trajectory]) -> None:
