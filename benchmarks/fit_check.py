@@ -1,6 +1,6 @@
 """Can RL fit at all? IGPO and its placebo on a fixed pool of training questions, played back.
 
-    python benchmarks/fit_check.py --seed 0          # ~20-25 min on 2 idle cores
+    python benchmarks/fit_check.py --seed 0          # ~40 min on 2 idle cores
     python benchmarks/fit_check.py --seed 1 --lr 1e-3 --steps 12 --output runs/fit1
 
 From the packaged warm start, with benchmarks/configs/fit_check_igpo.yaml (run.seed = --seed):

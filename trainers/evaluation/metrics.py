@@ -20,7 +20,7 @@ CORRECT_THRESHOLD = 0.5
 
 # A unit of 1-8 characters repeated 16 or more times in a row. Small policies sampled at
 # temperature 1.0 fall into such loops (copying "888 km" as "8888...") until the per-turn
-# token cap cuts the turn; on the packaged warm start about half the malformed turns are
+# token cap cuts the turn; in RL from the packaged warm start over half the malformed turns are
 # loops, the rest unclosed tags and broken JSON.
 _REPETITION = re.compile(r"(.{1,8}?)\1{15,}", re.DOTALL)
 
