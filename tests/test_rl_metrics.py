@@ -23,7 +23,7 @@ from trainers.engines.base import Engine, GenerationRequest, GenerationResult
 from trainers.engines.scripted import chatml_user_messages
 from trainers.evaluation.evaluate import Evaluation
 from trainers.evaluation.evaluate import evaluate as evaluate_engine
-from trainers.evaluation.metrics import is_repetition_loop, trajectory_stats
+from trainers.evaluation.metrics import trajectory_stats
 from trainers.evaluation.training_report import write_report
 from trainers.modeling.models import build_chatml_tokenizer
 from trainers.modeling.tokenization import ChatTokenizer
@@ -104,18 +104,20 @@ def test_trajectory_stats_hand_computed(batch: list[Trajectory]) -> None:
 
 
 def test_repetition_rate_counts_malformed_loops_only() -> None:
-    trajectory = make("r", ["search", "invalid", "invalid", "invalid", "answer"], 0.0)
-    texts = ["<think>\nA rule: " + "-" * 40 + "\n</think>",  # valid turn: never counted
-             "<think>\nFound it: " + "8" * 40,              # a one-character loop
-             "<think>\nno closing tag",                      # malformed, no loop
-             "<think>\nThe city is " + "kavik " * 20]        # a six-character unit
+    # The metric uses the rollout's degeneration check (venus_gym.protocol.is_repetitive):
+    # a turn counts when it is invalid and its last 50 characters recur more than 5 times.
+    kinds = ["search", "invalid", "invalid", "invalid", "invalid", "answer"]
+    trajectory = make("r", kinds, 0.0)
+    texts = ["<think>\nA rule: " + "-" * 400 + "\n</think>",  # valid turn: never counted
+             "<think>\nFound it: " + "8" * 300,              # a one-character loop
+             "<think>\nno closing tag",                       # malformed, no loop
+             "<think>\nThe city is " + "kavik " * 60,         # a six-character unit
+             "<think>\nFound it: " + "8" * 40]                # too short to recur 6 times
     for turn, text in zip(trajectory.turns, texts):
         turn.assistant = text
     stats = trajectory_stats([trajectory])
-    assert stats["format_error_rate"] == pytest.approx(3 / 5)
-    assert stats["format_error_repetition_rate"] == pytest.approx(2 / 5)
-    assert is_repetition_loop("8" * 16) and not is_repetition_loop("8" * 15)
-    assert not is_repetition_loop("Step 1: search. Step 2: visit. Step 3: answer.")
+    assert stats["format_error_rate"] == pytest.approx(4 / 6)
+    assert stats["format_error_repetition_rate"] == pytest.approx(2 / 6)
 
 
 def test_trajectory_stats_nan_on_an_empty_side(batch: list[Trajectory]) -> None:

@@ -10,19 +10,13 @@ separately over correct and wrong ones.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 
 from trainers.trajectory import Trajectory
+from venus_gym.protocol import is_repetitive
 
 # An outcome at or above this counts as correct (judge 1/0 scores, or F1 >= 0.5).
 CORRECT_THRESHOLD = 0.5
-
-# A unit of 1-8 characters repeated 16 or more times in a row. Small policies sampled at
-# temperature 1.0 fall into such loops (copying "888 km" as "8888...") until the per-turn
-# token cap cuts the turn; in RL from the packaged warm start over half the malformed turns are
-# loops, the rest unclosed tags and broken JSON.
-_REPETITION = re.compile(r"(.{1,8}?)\1{15,}", re.DOTALL)
 
 
 def trajectory_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
@@ -33,9 +27,10 @@ def trajectory_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     format_error_rate:    invalid turns / all turns, pooled over trajectories (a turn is
                           invalid when `turn.valid` is False); 0.0 when there are no turns.
     format_error_repetition_rate:
-                          invalid turns caught in a repetition loop (`is_repetition_loop`) /
-                          all turns: the part of format_error_rate that is degenerate
-                          repetition rather than a broken tag or JSON body.
+                          invalid turns that the rollout's degeneration check flags
+                          (venus_gym.protocol.is_repetitive: the turn's last 50 characters
+                          recur more than 5 times) / all turns: the part of format_error_rate
+                          that is a repetition loop rather than a broken tag or JSON body.
     mean_turns:           mean number of assistant turns per trajectory.
     browse_ratio:         per trajectory, visit turns / (search + visit turns), 0 for a
                           trajectory with no tool turn; averaged over trajectories.
@@ -60,7 +55,7 @@ def trajectory_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     wrong = [r for r, o in zip(ratios, outcomes) if o < CORRECT_THRESHOLD]
     total_turns = sum(len(t.turns) for t in trajectories)
     invalid_turns = sum(not turn.valid for t in trajectories for turn in t.turns)
-    looping_turns = sum(not turn.valid and is_repetition_loop(turn.assistant)
+    looping_turns = sum(not turn.valid and is_repetitive(turn.assistant)
                         for t in trajectories for turn in t.turns)
     answers = sum(map(answered, trajectories))
     token_counts = [len(t.input_ids) for t in trajectories if t.input_ids is not None]
@@ -83,11 +78,6 @@ def trajectory_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
 def outcome(trajectory: Trajectory) -> float:
     """The trajectory's outcome, an unscored (None) one counted 0."""
     return 0.0 if trajectory.outcome is None else float(trajectory.outcome)
-
-
-def is_repetition_loop(text: str) -> bool:
-    """Whether `text` repeats a unit of 1-8 characters 16 or more times in a row."""
-    return _REPETITION.search(text) is not None
 
 
 def is_correct(trajectory: Trajectory) -> bool:
