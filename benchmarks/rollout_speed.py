@@ -19,6 +19,14 @@ Prints, in order:
                                           (HFEngine(kv_cache=False, reserve_decode=False,
                                           lean_decode=False)) / with kept KV caches
                                           (the default; target: >= 3)
+    RESULT sampling_speedup=<float>       free sampling (T 1.0, top-p 0.95, seeded) of each
+                                          group's first prompts: engine time choosing tokens
+                                          row by row (HFEngine(batched_sampling=False)) /
+                                          one batched draw per step (the default); the two
+                                          must produce the same tokens
+    RESULT decode_outside_forward_share=<float>  of that batched run's decode time, the
+                                          share spent outside the model forward (sampling,
+                                          stop checks, bookkeeping)
 
 How the runs are made equal. A random tiny model never calls a tool, so the policy is
 the world's oracle agent played through the real engine: every token costs the same
@@ -46,6 +54,7 @@ from typing import Any
 import torch
 
 from envs.group import DeepResearchGroupEnv
+from trainers.engines import hf as hf_engine
 from trainers.engines.base import Engine, GenerationRequest, GenerationResult
 from trainers.engines.hf import DecodeRow, HFEngine
 from trainers.engines.sampling import forced_logprob
@@ -128,6 +137,72 @@ def _timed_rollouts(engine: Engine, group: DeepResearchGroupEnv, chat: ChatToken
         trajectories += rollout_group(engine, group, chat, seed=seed, sampling=sampling,
                                       stats=stats)
     return time.perf_counter() - started, stats, trajectories
+
+
+class ForwardTimer:
+    """Times the model forwards of HFEngine calls (prefill and every decode step): the lean
+    decoder's steps and the transformers forward, patched for the `with` block. On the CPU a
+    forward is synchronous, so its wall time is its cost."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __enter__(self) -> ForwardTimer:
+        timer = self
+        self._forward, self._decoder = HFEngine._forward, hf_engine.LeanDecoder
+
+        def forward(engine: HFEngine, *args: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return timer._forward(engine, *args)
+            finally:
+                timer.seconds += time.perf_counter() - started
+
+        class TimedDecoder(self._decoder):  # type: ignore[misc, valid-type]
+            def step(self, *args: Any) -> torch.Tensor:
+                started = time.perf_counter()
+                try:
+                    return super().step(*args)
+                finally:
+                    timer.seconds += time.perf_counter() - started
+
+        HFEngine._forward, hf_engine.LeanDecoder = forward, TimedDecoder  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        HFEngine._forward, hf_engine.LeanDecoder = self._forward, self._decoder  # type: ignore[method-assign]
+
+
+def _sampling_speed(model: Any, tokenizer: Any, calls: list[Any], repeats: int
+                    ) -> tuple[float, float, int]:
+    """Free sampling of each group's first engine call, row by row vs batched: (speedup,
+    share of the batched run's time outside the model forward, tokens per run)."""
+    firsts = [call[0] for previous, call in zip([None] + calls, calls)
+              if call is not None and previous is None]
+    batches = [[GenerationRequest(r.prompt_ids, max_new_tokens=128, temperature=1.0,
+                                  top_p=0.95, stop_token_ids=r.stop_token_ids,
+                                  banned_token_ids=r.banned_token_ids, seed=1000 * b + i)
+                for i, r in enumerate(requests)] for b, requests in enumerate(firsts)]
+    best = {False: float("inf"), True: float("inf")}
+    forward_share, outputs = 1.0, {}
+    for _ in range(repeats):
+        for batched in (False, True):
+            engine = HFEngine(model, tokenizer, batched_sampling=batched)
+            with ForwardTimer() as timer:
+                started = time.perf_counter()
+                results = [engine.generate(batch) for batch in batches]
+                seconds = time.perf_counter() - started
+            outputs[batched] = [[r.token_ids for r in batch] for batch in results]
+            if seconds < best[batched]:
+                best[batched] = seconds
+                if batched:
+                    forward_share = timer.seconds / seconds
+    assert outputs[True] == outputs[False], "batched and per-row sampling drew other tokens"
+    tokens = sum(len(ids) for batch in outputs[True] for ids in batch)
+    print(f"# sampling: {tokens} tokens in {len(batches)} batches of "
+          f"{len(batches[0])}; row by row {best[False]:.2f} s, batched {best[True]:.2f} s",
+          flush=True)
+    return best[False] / best[True], 1.0 - forward_share, tokens
 
 
 def main() -> None:
@@ -233,6 +308,9 @@ def main() -> None:
     print(f"# of the speedup: reserved decode cache {before / reserved:.2f}x, then kept "
           f"caches {reserved / rollout_seconds:.2f}x")
     print(f"RESULT rollout_kv_speedup={before / rollout_seconds:.2f}")
+    speedup, outside, _ = _sampling_speed(model, tokenizer, replay.calls, args.repeats)
+    print(f"RESULT sampling_speedup={speedup:.2f}")
+    print(f"RESULT decode_outside_forward_share={outside:.3f}")
 
 
 if __name__ == "__main__":

@@ -15,8 +15,10 @@ from trainers.engines.hf import HFEngine
 from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
 
 CORPUS = ["the mayor of the city by the river met the painter <tool_response> at noon"] * 30
-# Re-encoding and cached prefill sum attention in different orders: float32 rounding only.
-TOLERANCE = 1e-5
+# Re-encoding and cached prefill sum attention in different orders: float32 rounding only
+# (worst seen: 1.03e-5 on one token of ~100 sampled ones; a wrong cache position or mask
+# is off by 1e-2 or more).
+TOLERANCE = 2e-5
 
 
 @pytest.fixture(scope="module")
@@ -315,8 +317,6 @@ def test_batched_log_probs_equal_the_per_row_ones_bit_for_bit():
                                     else logits[row], dim=-1)
         assert torch.equal(batched[row], per_row)
         seed = 5 + row
-        assert sample_token(logits[row], temperature=temperature, top_p=0.9,
-                            generator=torch.Generator().manual_seed(seed),
+        assert sample_token(logits[row], temperature=temperature, top_p=0.9, seed=seed,
                             log_probs=batched[row]) == \
-            sample_token(logits[row], temperature=temperature, top_p=0.9,
-                         generator=torch.Generator().manual_seed(seed))
+            sample_token(logits[row], temperature=temperature, top_p=0.9, seed=seed)

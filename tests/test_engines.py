@@ -96,9 +96,8 @@ def test_sample_token_top_p_drops_a_token_once_the_tokens_before_it_cover_top_p(
     logits = torch.tensor([2.0, 1.0, 1.0]).log()  # probabilities 0.5, 0.25, 0.25
 
     def drawn(top_p: float) -> set[int]:
-        generator = torch.Generator().manual_seed(0)
-        return {sample_token(logits, temperature=1.0, top_p=top_p, generator=generator)[0]
-                for _ in range(200)}
+        return {sample_token(logits, temperature=1.0, top_p=top_p, seed=0, position=n)[0]
+                for n in range(200)}
 
     assert drawn(0.5) == {0}  # the mass before token 1 is exactly 0.5: dropped
     assert drawn(0.75) == {0, 1}  # token 2 has 0.75 before it: dropped

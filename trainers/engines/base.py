@@ -28,7 +28,10 @@ Conventions every engine follows (tests hold the transformers and vLLM engines t
     - `max_new_tokens` reached: reason "length" (the per-turn token cap).
 * `banned_token_ids`: never sampled (control tokens such as `<|im_start|>` that message
   text may not contain; trainers.rollout.banned_control_ids).
-* Seeds: `seed` makes a sampled request reproducible on the same engine and batch shape.
+* Seeds: `seed` makes a sampled request reproducible. The transformers engine draws from
+  noise that is a pure function of (seed, position), so its tokens do not depend on what
+  else shares the batch (trainers.engines.sampling); vLLM's seeded requests are
+  reproducible on the same engine and batch shape.
 
 Where we deviate from verl / OpenRLHF and why: those return log-probs of the processed
 distribution in some modes and recompute old log-probs in the learner anyway; we fix one

@@ -25,7 +25,7 @@ caches are left-padded to one width and the new ids to another, so a row reads
 continue each row's own sequence. Kept caches are dropped on `update_weights` (they hold the
 old weights' keys and values), on `forget_conversations()` (trainers.rollout calls it when a
 group's episodes end) and beyond `max_cached_conversations` (least recently used first).
-Re-encoding (`kv_cache=False`) gives the same ids, and float32 log-probs within ~4e-6
+Re-encoding (`kv_cache=False`) gives the same ids, and float32 log-probs within ~1e-5
 (trainers.engines.kv_cache says why not bit for bit; tests/test_engine_kv_cache.py measures it).
 Decoding writes into buffers reserved after the prefill (`reserve_decode`) rather than
 growing transformers' DynamicCache, which copies the whole cache every step, and each decode
@@ -57,7 +57,7 @@ from trainers.engines.kv_cache import (
     reusable_prefix,
 )
 from trainers.engines.lean_decode import LeanDecoder, lean_decode_supported
-from trainers.engines.sampling import batch_log_probs, sample_token
+from trainers.engines.sampling import BatchSampler, batch_log_probs, draw_seed, sample_token
 from trainers.modeling.models import kv_cache_argument, returned_kv_cache
 
 from .base import (
@@ -76,7 +76,7 @@ class DecodeRow:
     """Decoding state of one request."""
 
     request: GenerationRequest
-    generator: torch.Generator | None
+    seed: int  # the request's seed, or one drawn for it (trainers.engines.sampling.draw_seed)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None
@@ -123,11 +123,17 @@ class HFEngine(Engine):
             reserve_decode and a supported architecture (Qwen3 / Qwen2 / Llama); otherwise
             decode steps use the transformers forward. False = the transformers forward and
             one log-softmax per row.
+        batched_sampling: choose every row's token in one trainers.engines.sampling.
+            BatchSampler call per decode step, on the logits' device (one host sync per
+            step); False = `sample_token` row by row (the same tokens and log-probs, one
+            call and sync per row). A subclass that overrides `_choose` (forced decoding)
+            always decodes row by row.
     """
 
     def __init__(self, model: Any, tokenizer: Any, max_batch_size: int | None = None,
                  kv_cache: bool = True, max_cached_conversations: int = 64,
-                 reserve_decode: bool = True, lean_decode: bool = True):
+                 reserve_decode: bool = True, lean_decode: bool = True,
+                 batched_sampling: bool = True):
         if max_cached_conversations < 1:
             raise ValueError("max_cached_conversations must be >= 1 (use kv_cache=False to "
                              f"keep none), got {max_cached_conversations}")
@@ -141,6 +147,8 @@ class HFEngine(Engine):
         self.kv_cache = kv_cache
         self.reserve_decode = reserve_decode
         self.lean_decode = lean_decode
+        self.batched_sampling = batched_sampling and type(self)._choose is HFEngine._choose
+        self._sampler: BatchSampler | None = None
         self.max_cached_conversations = max_cached_conversations
         self.cache_stats = KVCacheStats()
         self._conversations: OrderedDict[int, CachedConversation] = OrderedDict()
@@ -185,8 +193,7 @@ class HFEngine(Engine):
     # --- decoding --------------------------------------------------------------------
     @torch.no_grad()
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        rows = [DecodeRow(r, None if r.seed is None else torch.Generator().manual_seed(r.seed))
-                for r in requests]
+        rows = [DecodeRow(r, draw_seed() if r.seed is None else r.seed) for r in requests]
         sources = [self._lookup(r.prompt_ids) for r in requests]
         keeps = [keep for _, keep in sources]
         past = max(keeps)
@@ -206,6 +213,8 @@ class HFEngine(Engine):
         cache = self._batch_cache([source for source, _ in sources], keeps, past) if past else None
         logits, cache = self._forward(input_ids, attention, positions, cache)
         max_steps = max(r.max_new_tokens for r in requests)
+        self._sampler = (BatchSampler(requests, [row.seed for row in rows], logits.shape[-1],
+                                      logits.device) if self.batched_sampling else None)
         decoder = None
         if self.reserve_decode:  # decoding writes in place instead of copying every step
             cache = reserved_cache(cache, max_steps)
@@ -216,7 +225,7 @@ class HFEngine(Engine):
             next_ids = self._pick_next_tokens(logits, rows, step)
             if all(row.finish_reason is not None for row in rows):
                 break
-            column = torch.tensor(next_ids, dtype=torch.long)[:, None]
+            column = next_ids[:, None]
             # Rows that were already done feed padding, hidden from attention.
             live = torch.tensor(was_live, dtype=torch.long)[:, None]
             attention = torch.cat([attention, live], dim=1)
@@ -236,7 +245,7 @@ class HFEngine(Engine):
                             attention_mask=attention.to(self.device),
                             position_ids=positions.to(self.device), use_cache=True,
                             logits_to_keep=1, **{self._cache_argument: cache})
-        return output.logits[:, -1].float().cpu(), returned_kv_cache(output)
+        return output.logits[:, -1].float(), returned_kv_cache(output)
 
     # --- kept conversations --------------------------------------------------------------
     def _lookup(self, prompt: list[int]) -> tuple[CachedConversation | None, int]:
@@ -292,29 +301,41 @@ class HFEngine(Engine):
         while len(self._conversations) > self.max_cached_conversations:
             self._conversations.popitem(last=False)
 
-    def _pick_next_tokens(self, logits: torch.Tensor, rows: list[DecodeRow], step: int) -> list[int]:
-        """Choose and record one token per live row; finished rows get the pad id.
+    def _pick_next_tokens(self, logits: torch.Tensor, rows: list[DecodeRow], step: int
+                          ) -> torch.Tensor:
+        """Choose and record one token per live row; finished rows get the pad id. Returns
+        the [batch] ids to feed next (on the CPU).
 
-        Subclasses may override `_choose` (e.g. forced decoding in benchmarks) and keep
-        the bookkeeping here. With lean_decode every row's sampling log-probs come from one
-        batched log-softmax (trainers.engines.sampling.batch_log_probs, equal to the per-row one
-        bit for bit); otherwise `_choose` gets None and each row computes its own.
+        With batched_sampling every row's token comes from one BatchSampler.draw on the
+        logits' device and one host sync; otherwise each live row calls `_choose`, which
+        subclasses may override (e.g. forced decoding in benchmarks) and keep the
+        bookkeeping here. With lean_decode every row's sampling log-probs come from one
+        batched log-softmax (trainers.engines.sampling.batch_log_probs, equal to the per-row
+        one bit for bit); otherwise `_choose` gets None and each row computes its own.
         """
         log_probs = None
-        if self.lean_decode:
+        if self.lean_decode or self._sampler is not None:
             log_probs = batch_log_probs(logits, [row.request.temperature for row in rows])
+        if self._sampler is not None:
+            positions = [len(row.token_ids) for row in rows]
+            tokens, logprobs = self._sampler.draw(logits, positions, log_probs)
+            choices = list(zip(tokens.tolist(), logprobs.tolist()))
+        else:
+            choices = [None if row.finish_reason is not None else
+                       self._choose(logits[i], row, step,
+                                    None if log_probs is None else log_probs[i])
+                       for i, row in enumerate(rows)]
         next_ids: list[int] = []
-        for i, row in enumerate(rows):
+        for row, choice in zip(rows, choices):
             if row.finish_reason is not None:
                 next_ids.append(self.pad_token_id)
                 continue
-            token, logprob = self._choose(logits[i], row, step,
-                                          None if log_probs is None else log_probs[i])
+            token, logprob = choice
             row.token_ids.append(token)
-            row.logprobs.append(logprob)
+            row.logprobs.append(min(0.0, logprob))
             self._update_finish(row)
             next_ids.append(token)
-        return next_ids
+        return torch.tensor(next_ids, dtype=torch.long)
 
     def _choose(self, logits: torch.Tensor, row: DecodeRow, step: int,
                 log_probs: torch.Tensor | None = None) -> tuple[int, float]:
@@ -323,7 +344,7 @@ class HFEngine(Engine):
         request = row.request
         return sample_token(logits, temperature=request.temperature, top_p=request.top_p,
                             top_k=request.top_k, banned_ids=request.banned_token_ids,
-                            generator=row.generator, log_probs=log_probs,
+                            seed=row.seed, position=len(row.token_ids), log_probs=log_probs,
                             presence_penalty=request.presence_penalty, seen_ids=row.token_ids)
 
     def _update_finish(self, row: DecodeRow) -> None:

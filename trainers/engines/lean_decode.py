@@ -122,4 +122,4 @@ class LeanDecoder:
             residual = hidden
             hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
         hidden = model.model.norm(hidden)
-        return model.lm_head(hidden[:, -1]).float().cpu()
+        return model.lm_head(hidden[:, -1]).float()
