@@ -158,7 +158,10 @@ def test_sft_and_eval_take_overrides_and_print_config(tmp_path, capsys):
                      "--print-config"])
     assert code == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["k"] == 4 and printed["env"] == {"search_top_k": 3, "hops": [1, 2]}
+    # The packaged policy's recorded prompt style fills the env key the overrides leave open.
+    assert printed["k"] == 4 and printed["env"] == {"prompt_style": "compact",
+                                                    "search_top_k": 3, "hops": [1, 2]}
+    assert printed["benchmark"] == "generated"
     assert not (tmp_path / "eval").exists()  # printing runs nothing
     assert cli_main(["eval", "--policy", "x", "--out", str(tmp_path), "kk=4",
                      "--print-config"]) == 2

@@ -36,6 +36,7 @@ import argparse
 import sys
 import time
 from collections import Counter
+from typing import Any
 
 from tqdm import tqdm
 
@@ -66,6 +67,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
                           "--output", args.output])
 
 
+def _use_policy_env(config: Any, args: argparse.Namespace) -> None:
+    """The start policy's recorded env settings (its warm_start.json) for the env keys the
+    config file and the overrides leave unset: a policy plays the prompt it was trained on."""
+    import dataclasses
+
+    from trainers.config_utils import keys_given
+    from trainers.modeling.warm_start import policy_env
+
+    if not config.policy.path:
+        return
+    given = keys_given(args.config, args.overrides, "env")
+    recorded = policy_env(config.policy.path, generated_world=config.env.world == "synthetic")
+    used = {key: value for key, value in recorded.items() if key not in given}
+    if used:
+        config.env = dataclasses.replace(config.env, **used)
+        print(f"venus-gym rl: env settings of {config.policy.path} (its warm_start.json): "
+              + ", ".join(f"{k}={v}" for k, v in used.items())
+              + " (set env.KEY in the config or as an override to change them)",
+              file=sys.stderr)
+
+
 def cmd_rl(args: argparse.Namespace) -> int:
     from trainers.config_utils import config_to_yaml
     from trainers.rl.config import load_rl_config
@@ -93,6 +115,7 @@ def cmd_rl(args: argparse.Namespace) -> int:
                                     if key == "loss"}
     if args.ray:
         config.run.use_ray = True
+    _use_policy_env(config, args)
     if args.print_config:
         try:
             config.validate()

@@ -126,6 +126,19 @@ def load_yaml_config(path: str | Path, config_class: type,
     return config_with_overrides(config_class, data, overrides, where=str(path))
 
 
+def keys_given(path: str | Path, overrides: Sequence[str], section: str) -> set[str]:
+    """The keys of `section` that the config file or the overrides set explicitly (so a
+    default from elsewhere, e.g. a policy's recorded env settings, may fill the others)."""
+    with open(path, encoding="utf-8") as handle:
+        data = yaml.safe_load(handle) or {}
+    given = set((data.get(section) or {}) if isinstance(data, dict) else {})
+    for argument in overrides:
+        key = argument.partition("=")[0].split(".")
+        if key[0] == section:
+            given |= {key[1]} if len(key) > 1 else set()
+    return given
+
+
 # --- overrides ------------------------------------------------------------------------------
 # A dotted key of identifiers, then "=" (the value may be anything, also empty).
 OVERRIDE_PATTERN = re.compile(r"[A-Za-z_][\w-]*(?:\.[A-Za-z_0-9][\w-]*)*=")

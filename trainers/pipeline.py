@@ -203,10 +203,12 @@ def _rl_start(rl_config: Any, sft_config: Any, output: Path,
         return (rl_config.policy.path, "the RL config's policy.path names it (the RL config's "
                 "env settings apply)", {})
     env = {key: tuple(value) if isinstance(value, list) else value
-           for key, value in info["env"].items()}
-    pass1, se = info["results"]["all"]["pass@1"]
-    why = WHY_WARM_START.format(pass1=pass1, se=se) if rl_config.policy.path == "warm-start" \
-        else "the RL config's policy.path names it"
+           for key, value in info.get("env", {}).items()}
+    results = info.get("results", {}).get("all")
+    why = "the RL config's policy.path names it"
+    if rl_config.policy.path == "warm-start" and results:
+        pass1, se = results["pass@1"]
+        why = WHY_WARM_START.format(pass1=pass1, se=se)
     return rl_config.policy.path, why + f" (its SFT env settings apply: {info['env']})", env
 
 

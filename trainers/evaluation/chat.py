@@ -112,16 +112,19 @@ class ChatSession:
 
 def build_session(args: Any) -> ChatSession:
     """The ChatSession of the parsed `venus-gym chat` options."""
-    from trainers.evaluation.run import EvalRunConfig, load_evaluated_policy
+    from trainers.evaluation.run import EvalRunConfig, load_evaluated_policy, with_policy_defaults
     from trainers.rollout import SamplingConfig, text_token_counter
     from venus_gym.corpus import World
     from venus_gym.worlds import load_world
 
-    env = _env_options(args.env or [])
+    generated = args.world == "synthetic"
     config = EvalRunConfig(out="-", policy=args.policy, endpoint=args.endpoint,
                            model=args.model, tokenizer=args.tokenizer, k=1,
                            max_turn_tokens=args.max_turn_tokens,
-                           temperature=args.temperature)
+                           temperature=args.temperature, env=_env_options(args.env or []),
+                           benchmark="generated" if generated else args.world)
+    # The policy's recorded env settings (prompt style, search width) unless --env sets them.
+    env = with_policy_defaults(config, lambda line: print(line, file=sys.stderr)).env
     config.validate()
     engine, chat = load_evaluated_policy(config)
     sampling = SamplingConfig(max_turn_tokens=args.max_turn_tokens,

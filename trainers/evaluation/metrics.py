@@ -50,7 +50,7 @@ def trajectory_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     if len(trajectories) == 0:
         raise ValueError("trajectory_stats needs at least one trajectory")
     outcomes = [outcome(t) for t in trajectories]
-    ratios = [_browse_ratio(t) for t in trajectories]
+    ratios = [browse_ratio(t) for t in trajectories]
     correct = [r for r, o in zip(ratios, outcomes) if o >= CORRECT_THRESHOLD]
     wrong = [r for r, o in zip(ratios, outcomes) if o < CORRECT_THRESHOLD]
     total_turns = sum(len(t.turns) for t in trajectories)
@@ -90,7 +90,7 @@ def answered(trajectory: Trajectory) -> bool:
         and trajectory.turns[-1].valid
 
 
-def _browse_ratio(trajectory: Trajectory) -> float:
+def browse_ratio(trajectory: Trajectory) -> float:
     kinds = trajectory.turn_kinds
     visits, searches = kinds.count("visit"), kinds.count("search")
     return visits / (visits + searches) if visits + searches else 0.0

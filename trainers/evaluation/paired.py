@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from trainers.evaluation.evaluate import Evaluation, turn_counts
-from trainers.evaluation.metrics import answered, outcome
+from trainers.evaluation.metrics import answered, browse_ratio, outcome
 from trainers.evaluation.stats import bootstrap_se
 from trainers.trajectory import Trajectory
 
@@ -75,6 +75,8 @@ METRICS: dict[str, Callable[[Sequence[Group]], float]] = {
     "pass@1": _task_mean(outcome),
     "format_valid_rate": _format_valid,
     "answer_rate": _task_mean(lambda t: float(answered(t))),
+    # Not a headline metric (higher is not better in itself): the paper's tool-use measure.
+    "browse_ratio": _task_mean(browse_ratio),
 }
 
 

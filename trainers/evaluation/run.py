@@ -85,10 +85,12 @@ class EvalRunConfig:
     model: str = _f("policy", "The model name the endpoint serves.")
     tokenizer: str | None = _f(None, "Endpoint only: a directory with the served model's "
                                "tokenizer (prompts go out as token ids).")
-    benchmark: str = _f("hotpotqa", "The world to evaluate on (--world is the same option, "
+    benchmark: str = _f("auto", "The world to evaluate on (--world is the same option, "
                         "spelled as the training configs' env.world): 'hotpotqa' (packaged "
                         "HotpotQA dev subset), 'generated' or 'synthetic' (the generated world's "
-                        "test split) or a QA JSONL / saved world path.")
+                        "test split), a QA JSONL / saved world path, or 'auto': 'generated' for "
+                        "a policy whose warm_start.json says it was trained on generated "
+                        "worlds, else 'hotpotqa'.")
     split: str = _f("auto", "Which tasks: 'auto' (the generated world's test split; every task "
                     "of a real set), 'all', 'train', 'validation' or 'test' (the env's "
                     "task_split: evaluate a policy trained on a real set with 'test'; "
@@ -107,8 +109,9 @@ class EvalRunConfig:
                                  "hard cap is this plus two turns).")
     world_size: int = _f(2000, "'generated' only: pages in the generated world.")
     world_seed: int = _f(0, "'generated' only: the world's seed.")
-    env: dict[str, Any] = _f({}, "Other DeepResearch-v0 arguments (venus-gym env-help), "
-                             "e.g. prompt_style or search_top_k as the policy was trained.")
+    env: dict[str, Any] = _f({}, "Other DeepResearch-v0 arguments (venus-gym env-help). A "
+                             "policy's recorded env settings (prompt_style, search_top_k, hops "
+                             "from its warm_start.json) apply unless set here.")
     seed: int = _f(0, "Sampling seed; task i is played with seed + i.")
     judge_endpoint: str | None = _f(None, "OpenAI-compatible API root of an LLM judge "
                                     "(BrowseComp grading prompt).")
@@ -165,11 +168,37 @@ class EvalRunConfig:
         return data
 
 
+def with_policy_defaults(config: EvalRunConfig,
+                         log: Callable[[str], None] | None = None) -> EvalRunConfig:
+    """The config with what its policy records (warm_start.json) filling what the user left
+    open: benchmark 'auto' and the env settings it was trained with (the user's --env wins).
+    A policy with no record, or an endpoint, changes nothing but 'auto' -> 'hotpotqa'."""
+    from trainers.modeling.warm_start import policy_env, policy_record
+
+    record = policy_record(config.policy) if config.policy else {}
+    benchmark = config.benchmark
+    if benchmark == "auto":
+        benchmark = "generated" if record.get("world_size") else "hotpotqa"
+    generated = benchmark in ("generated", "synthetic")
+    recorded = policy_env(config.policy, generated_world=generated) if record else {}
+    used = {key: value for key, value in recorded.items() if key not in config.env}
+    world_size = config.world_size
+    if generated and record.get("world_size") and config.world_size == EvalRunConfig.world_size:
+        world_size = int(record["world_size"])
+    if used and log is not None:
+        log(f"env settings of {config.policy} (its warm_start.json): "
+            + ", ".join(f"{k}={v}" for k, v in used.items()) + " (--env KEY=VALUE changes them)")
+    return dataclasses.replace(config, benchmark=benchmark, world_size=world_size,
+                               env={**used, **config.env})
+
+
 # --- benchmark ------------------------------------------------------------------------------
 def benchmark_env_kwargs(config: EvalRunConfig) -> tuple[dict[str, Any], str]:
     """(DeepResearch-v0 keywords, task split) of the configured benchmark."""
     from venus_gym.worlds import load_world
 
+    if config.benchmark == "auto":
+        config = with_policy_defaults(config)
     name = config.benchmark
     if name in ("generated", "synthetic"):
         world, split = load_world("synthetic", n_pages=config.world_size,
@@ -316,6 +345,7 @@ def run_eval(config: EvalRunConfig, *, policy: Any = None, chat: Any = None,
     from trainers.rollout import SamplingConfig, text_token_counter
 
     log = log or (lambda message: print(message, file=sys.stderr))
+    config = with_policy_defaults(config, log)
     config.validate()
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -456,6 +486,7 @@ def main_args(args: Any) -> int:
         if getattr(args, "print_config", False):
             from trainers.config_utils import config_to_yaml
 
+            config = with_policy_defaults(config)
             config.validate()
             print(config_to_yaml(config), end="")
             return 0
@@ -477,5 +508,5 @@ def _short(value: Any) -> str:
 
 
 __all__ = ["EvalRunConfig", "add_arguments", "annotate", "benchmark_env_kwargs", "main_args",
-           "read_finished", "run_eval"]
+           "read_finished", "run_eval", "with_policy_defaults"]
 

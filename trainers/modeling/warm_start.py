@@ -57,6 +57,55 @@ def warm_start_info(path: str | Path = WARM_START) -> dict[str, Any] | None:
     return json.loads(info.read_text()) if info.is_file() else None
 
 
+def policy_record(path: str | Path) -> dict[str, Any]:
+    """What a saved policy directory records of its training (warm_start.json): {} when it
+    records nothing. `sft` and `rl` write one next to every final policy, the packager a
+    full one (with held-out numbers)."""
+    try:
+        return warm_start_info(path) or {}
+    except (FileNotFoundError, NotADirectoryError, ValueError, OSError):
+        return {}
+
+
+def policy_env(path: str | Path, *, generated_world: bool = True) -> dict[str, Any]:
+    """The env settings a saved policy was trained with (POLICY_ENV_KEYS: its prompt, search
+    width and, on a generated world, its question mix), as env keywords; {} when it records
+    none. `eval`, `chat` and `rl` start from these and let the user's settings win.
+
+    Args:
+        generated_world: False leaves out `hops`, which selects a generated world's tasks
+            and means nothing on a real QA set.
+    """
+    env = policy_record(path).get("env") or {}
+    keys = POLICY_ENV_KEYS if generated_world else tuple(k for k in POLICY_ENV_KEYS
+                                                          if k != "hops")
+    return {key: tuple(env[key]) if isinstance(env[key], list) else env[key]
+            for key in keys if key in env}
+
+
+def write_policy_record(directory: str | Path, env: dict[str, Any], *, stage: str,
+                        start: str | None = None, sft_world_seeds: list[int] = (),
+                        rl_world_seeds: list[int] = (), world_size: int | None = None) -> Path:
+    """Write warm_start.json into a saved policy directory: the env settings it was trained
+    with and the worlds it saw, carried over from its start policy's record (so a chain of
+    runs keeps the union of its worlds). Returns the file's path."""
+    previous = policy_record(start) if start else {}
+    record = {
+        "stage": stage,
+        "start": start,
+        "env": {key: list(value) if isinstance(value, tuple) else value
+                for key, value in env.items() if key in POLICY_ENV_KEYS},
+        "world_size": world_size if world_size is not None else previous.get("world_size"),
+        "sft_world_seeds": sorted(set(previous.get("sft_world_seeds", [])) |
+                                  {int(w) for w in sft_world_seeds}),
+        "rl_world_seeds": sorted(set(previous.get("rl_world_seeds", [])) |
+                                 {int(w) for w in rl_world_seeds}),
+    }
+    path = Path(directory) / WARM_START_INFO
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path
+
+
 def held_out_sets(env: dict[str, Any], worlds: list[int], split: str = "test") -> list[Any]:
     """One HeldOut per world seed, the split `split` of it, with `env`'s settings."""
     from trainers.evaluation.paired import HeldOut
@@ -107,17 +156,17 @@ def summarize(per_task: list[list[Any]], samples: int = 1000) -> dict[str, list[
     from trainers.evaluation.stats import bootstrap_se
 
     return {m: [METRICS[m](per_task), bootstrap_se(per_task, METRICS[m], samples=samples)]
-            for m in HEADLINE}
+            for m in (*HEADLINE, "browse_ratio")}
 
 
 def model_card(info: dict[str, Any]) -> str:
     """README.md of the packaged policy, from warm_start.json's contents."""
     ev = info["eval"]
-    rows = ["| tasks | n | format-valid turns | pass@1 | answer rate |",
-            "| --- | ---: | ---: | ---: | ---: |"]
+    rows = ["| tasks | n | format-valid turns | pass@1 | answer rate | browse ratio |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, result in info["results"].items():
-        cells = [f"{result[m][0]:.3f} ± {result[m][1]:.3f}"
-                 for m in ("format_valid_rate", "pass@1", "answer_rate")]
+        cells = [f"{result[m][0]:.3f} ± {result[m][1]:.3f}" if m in result else "n/a"
+                 for m in ("format_valid_rate", "pass@1", "answer_rate", "browse_ratio")]
         rows.append(f"| {name} | {result['tasks']} | " + " | ".join(cells) + " |")
     env = ", ".join(f"{k} {v}" for k, v in info["env"].items())
     seen = info["sft_world_seeds"]
@@ -154,7 +203,8 @@ def model_card(info: dict[str, Any]) -> str:
         "tokens; ± is the task-clustered bootstrap standard error "
         "(trainers.evaluation.stats). Format-valid turns: valid turns / generated turns; pass@1: "
         "mean correctness (exact match) per sample; answer rate: episodes that end in a "
-        "valid answer.",
+        "valid answer; browse ratio: visit turns / tool turns per episode (DR-Venus's "
+        "tool-use measure).",
         "",
         *rows,
         "",
@@ -274,4 +324,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["DEFAULT_WORLDS", "MAX_MODEL_BYTES", "copy_policy", "held_out_sets", "main",
-           "model_card", "package", "warm_start_info"]
+           "model_card", "package", "policy_env", "policy_record", "warm_start_info",
+           "write_policy_record"]

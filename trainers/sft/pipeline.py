@@ -43,6 +43,7 @@ from trainers.modeling.models import (
     resolve_model_path,
 )
 from trainers.modeling.tokenization import ChatTokenizer
+from trainers.modeling.warm_start import write_policy_record
 from trainers.sft.config import ModelConfig, SFTExperimentConfig
 from trainers.sft.packing import SFTSample, samples_from_trajectories
 from trainers.trajectory import Trajectory, read_trajectories
@@ -232,4 +233,18 @@ def train_sft(config: SFTExperimentConfig, samples: list[SFTSample] | None = Non
         trainer.save_checkpoint()
     save_model(model, output_dir / "final")
     tokenizer.save_pretrained(output_dir / "final")
+    write_sft_record(config, output_dir / "final")
     return model, tokenizer, history
+
+
+def write_sft_record(config: SFTExperimentConfig, final: Path) -> None:
+    """The final policy's warm_start.json: the env settings its data was made with and the
+    generated worlds it saw (with those of the policy it continued), so `eval`, `chat` and
+    `rl` play it as it was trained (trainers.modeling.warm_start.policy_env)."""
+    generated = config.env.world == "synthetic" and not config.data.jsonl
+    seeds = list(config.data.world_seeds or [config.env.world_seed]) if generated else []
+    env = {"prompt_style": config.env.prompt_style, "search_top_k": config.env.search_top_k,
+           **({"hops": tuple(config.env.hops)} if generated else {})}
+    write_policy_record(final, env, stage="sft", start=config.model.name or None,
+                        sft_world_seeds=seeds,
+                        world_size=config.env.world_size if generated else None)
