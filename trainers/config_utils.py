@@ -13,17 +13,20 @@ list of known ones and the key's path, values are type-checked against the annot
 None or its type).
 
 Overrides (`venus-gym rl --config F learner.lr=3e-4 rollout.group_size=16`) are
-`dotted.key=value` strings. Their syntax and value typing are OmegaConf's dotlist (as in
-torchtune: `omegaconf.OmegaConf.from_dotlist`): the value is read as a YAML value, so
-`3e-4` is a number, `[1, 2]` a list, `{dtype: bfloat16}` a mapping, `null` None, and a
-quoted value a string. Each key is checked against the config dataclasses first (an unknown
-key fails naming the closest valid ones: `unknown key learner.lrr; did you mean
-learner.lr?`); then the values are merged into the YAML file's mapping (a mapping value
-merges, anything else replaces) and the result goes through `from_dict` like the file
-alone, so an override is typed and validated exactly as the same value in the file. The
-dataclasses stay the schema (OmegaConf's structured configs would take over the types, but
-cannot express the unions (`tuple[int, ...] | None`), free-form sections (`algorithm.
-options`, `rollout.vllm_options`) and per-section checks these configs rely on).
+`dotted.key=value` strings, as OmegaConf's dotlist (and torchtune) spell them. The value is
+read as a YAML value by the reader of the config files (trainers.config_yaml: one typing
+path for both), so `3e-4` is a number, `[1, 2]` a list, `{dtype: bfloat16}` a mapping,
+`null` None, `2025-01-01` a string, and a quoted value a string. A bool is no number and a
+float must be finite (`rollout.group_size=true`, `learner.lr=.nan` are refused), a mapping
+field takes a mapping and a list field a list. Each key is checked against the config
+dataclasses first (an unknown key fails naming the closest valid ones: `unknown key
+learner.lrr; did you mean learner.lr?`); then the values are merged into the YAML file's
+mapping (a mapping value merges, anything else replaces) and the result goes through
+`from_dict` like the file alone, so an override is typed and validated exactly as the same
+value in the file. The dataclasses stay the schema (OmegaConf's structured configs would
+take over the types, but cannot express the unions (`tuple[int, ...] | None`), free-form
+sections (`algorithm.options`, `rollout.vllm_options`) and per-section checks these
+configs rely on).
 
 `EnvSection` is the environment part of a training config. It *is*
 envs.config.DeepResearchConfig (every DeepResearch-v0 keyword, the same help strings and the
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -47,6 +51,7 @@ from typing import Any
 import yaml
 
 from envs.config import DeepResearchConfig
+from trainers.config_yaml import load_config_yaml, read_config_file
 
 
 def help_field(text: str, default: Any = dataclasses.MISSING,
@@ -82,8 +87,22 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             item_hints = list(args)
         return tuple(_coerce(item, item_hint, f"{where}[{index}]")
                      for index, (item, item_hint) in enumerate(zip(value, item_hints, strict=True)))
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+    if hint in (int, float) and isinstance(value, bool):
+        # bool is an int subclass in Python: `group_size: true` would pass as 1.
+        raise ValueError(f"{where} must be {hint.__name__}, got {value!r}")
+    if hint is float and isinstance(value, float) and not math.isfinite(value):
+        # .nan / .inf are YAML floats, but no setting (rate, size, time) means them.
+        raise ValueError(f"{where} must be a finite number, got {value!r}")
+    if _is_mapping_hint(hint) and not isinstance(value, dict):
+        raise ValueError(f"{where} must be a mapping ({{key: value, ...}}), got {value!r}")
+    if hint in (tuple, list) and not isinstance(value, list | tuple):
+        raise ValueError(f"{where} must be a list, got {value!r}")
+    if hint is float and isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:  # an int of 309+ digits
+            raise ValueError(f"{where} must be a finite number, got an integer too large for "
+                             "a float") from None
     if hint is float and isinstance(value, str) and _YAML11_FLOAT.fullmatch(value.strip()):
         # PyYAML follows YAML 1.1, which reads `lr: 5e-5` (no dot) as the string "5e-5";
         # YAML 1.2 and JSON read it as a number, and so do we.
@@ -121,16 +140,14 @@ def load_yaml_config(path: str | Path, config_class: type,
                      overrides: Sequence[str] = ()) -> Any:
     """Load a YAML config file into `config_class` (unknown keys refused, with their path),
     with `dotted.key=value` overrides applied on top (module docstring)."""
-    with open(path, encoding="utf-8") as handle:
-        data = yaml.safe_load(handle)
+    data = read_config_file(path)
     return config_with_overrides(config_class, data, overrides, where=str(path))
 
 
 def keys_given(path: str | Path, overrides: Sequence[str], section: str) -> set[str]:
     """The keys of `section` that the config file or the overrides set explicitly (so a
     default from elsewhere, e.g. a policy's recorded env settings, may fill the others)."""
-    with open(path, encoding="utf-8") as handle:
-        data = yaml.safe_load(handle) or {}
+    data = read_config_file(path) or {}
     given = set((data.get(section) or {}) if isinstance(data, dict) else {})
     for argument in overrides:
         key = argument.partition("=")[0].split(".")
@@ -150,27 +167,16 @@ def is_override(argument: str) -> bool:
 
 
 def parse_overrides(arguments: Sequence[str]) -> list[tuple[str, Any]]:
-    """[(dotted key, value)] of `dotted.key=value` strings, values typed by OmegaConf's
-    dotlist parser (YAML values). Raises ValueError for an argument of another shape."""
+    """[(dotted key, value)] of `dotted.key=value` strings, each value read as the config
+    files' YAML values are (trainers.config_yaml). Raises ValueError for an argument of
+    another shape or a value that is not valid YAML."""
     parsed = []
     for argument in arguments:
         if not is_override(argument):
             raise ValueError(f"override {argument!r} is not dotted.key=value (e.g. "
                              "learner.lr=3e-4)")
-        try:
-            from omegaconf import OmegaConf
-        except ImportError as error:
-            raise ImportError("dotted.key=value overrides need omegaconf: pip install "
-                              "omegaconf (it comes with the train extra)") from error
-        key = argument.partition("=")[0]
-        try:
-            tree = OmegaConf.to_container(OmegaConf.from_dotlist([argument]), resolve=False)
-        except Exception as error:  # OmegaConf's grammar errors have no common base class
-            raise ValueError(f"override {argument!r}: {error}") from None
-        value: Any = tree
-        for part in key.split("."):
-            value = value[part]
-        parsed.append((key, value))
+        key, _, text = argument.partition("=")
+        parsed.append((key, load_config_yaml(text, f"override {argument!r}")))
     return parsed
 
 
@@ -279,6 +285,23 @@ def config_to_dict(config: Any) -> dict[str, Any]:
 
 
 _ENV_FIELDS = {f.name: f for f in dataclasses.fields(DeepResearchConfig)}
+
+
+def check_env_keywords(env: dict[str, Any], where: str = "env") -> None:
+    """Refuse what gym.make("DeepResearch-v0", **env) would refuse, without building it:
+    a keyword it does not take (naming the closest ones), a value of the wrong type, a
+    setting its validation refuses. Raises ValueError (one line)."""
+    if not isinstance(env, dict):
+        raise ValueError(f"{where} must be a mapping of DeepResearch-v0 arguments, got "
+                         f"{env!r}")
+    unknown = sorted(map(str, set(env) - set(_ENV_FIELDS)))
+    if unknown:
+        close = sorted({match for key in unknown
+                        for match in difflib.get_close_matches(key, _ENV_FIELDS, n=3)})
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"unknown {where} key(s) {unknown}: DeepResearch-v0 has no such "
+                         f"argument{hint} (venus-gym env-help lists them)")
+    from_dict(DeepResearchConfig, dict(env), where).validate()
 
 
 def env_default(name: str, default: Any) -> Any:

@@ -78,6 +78,12 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
+# Re-exported: the sanitiser lives in its own module, protocol's names stay valid.
+from venus_gym.sanitize import REPLACEMENT_CHARACTER as REPLACEMENT_CHARACTER
+from venus_gym.sanitize import clean_text as clean_text
+from venus_gym.sanitize import sanitize_observation as sanitize_observation
+from venus_gym.sanitize import sanitize_value
+
 TOOL_SCHEMAS: dict[str, dict] = {
     "search": {
         "type": "function",
@@ -782,63 +788,6 @@ def format_answer_turn(think: str, answer: str) -> str:
     """
     _reject_structural_tags(answer, "answer text")
     return f"{_think_block(think)}\n<answer>\n{answer}\n</answer>"
-
-
-_CHAT_CONTROL_TOKEN = re.compile(r"<\|([^|<>\s]{1,64})\|>")
-_RESPONSE_TAG = re.compile(r"<(/?tool_response)>")
-# C0 controls but tab and newline, DEL, C1 controls, and surrogates (in a str always lone).
-_UNSAFE_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
-REPLACEMENT_CHARACTER = "\ufffd"
-
-
-def clean_text(text: str) -> str:
-    """Text without control characters or lone surrogates, for anything shown to a model.
-
-    Carriage returns become newlines ("\\r\\n" one newline); every other C0 control but
-    tab and newline, DEL, every C1 control (U+0080-U+009F) and every lone surrogate
-    (from a `"\\ud800"` JSON escape; UTF-8 cannot encode it) becomes U+FFFD, so an
-    escape sequence or a NUL stays visible as a replacement but can do nothing. Text
-    without such characters is returned unchanged.
-    """
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if _UNSAFE_CHARS.search(text):
-        text = _UNSAFE_CHARS.sub(REPLACEMENT_CHARACTER, text)
-    return text
-
-
-def sanitize_observation(text: str) -> str:
-    """Make untrusted text safe to place inside an observation, or anywhere else text
-    leaves the environment (its transcript, `ChatHistory`'s messages, `info`).
-
-    Tool output (web pages, search hits, summaries) and the model's own strings echoed back
-    (queries, urls, goals, decoded from JSON escapes, the action itself in a transcript)
-    can carry what must never reach a chat template as-is:
-    - control characters and lone surrogates: `clean_text` (C0 but tab and newline, DEL,
-      C1, surrogates -> U+FFFD; carriage returns -> newlines);
-    - chat control tokens such as `<|im_end|>`, which would close the message early and
-      be tokenised as specials: rewritten as `< |im_end| >`;
-    - `<tool_response>` / `</tool_response>`, which would fake the frame: rewritten as
-      `&lt;tool_response&gt;`.
-    """
-    text = clean_text(text)
-    if "<" in text:
-        text = _CHAT_CONTROL_TOKEN.sub(r"< |\1| >", text)
-        text = _RESPONSE_TAG.sub(r"&lt;\1&gt;", text)
-    return text
-
-
-def sanitize_value(value: Any) -> Any:
-    """`value` with `sanitize_observation` applied to every string in it (dict keys
-    included, through lists, tuples and dicts); other values are returned as they are.
-    For structured data that leaves the environment (`info["tool_calls"]` arguments)."""
-    if isinstance(value, str):
-        return sanitize_observation(value)
-    if isinstance(value, dict):
-        return {sanitize_value(k): sanitize_value(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(sanitize_value(v) for v in value)
-    return value
 
 
 def format_tool_response(text: str) -> str:

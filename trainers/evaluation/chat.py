@@ -138,16 +138,10 @@ def build_session(args: Any) -> ChatSession:
 
 
 def _env_options(items: list[str]) -> dict[str, Any]:
-    import yaml
+    # Typed as eval's --env and the config files are; a bad value is one line, not a trace.
+    from trainers.config_yaml import parse_env_options
 
-    options = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--env takes KEY=VALUE, got {item!r}")
-        parsed = yaml.safe_load(value)
-        options[key.strip()] = tuple(parsed) if isinstance(parsed, list) else parsed
-    return options
+    return parse_env_options(items)
 
 
 def chat_loop(session: ChatSession, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout,

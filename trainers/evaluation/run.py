@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainers.config_utils import help_field
+from trainers.config_utils import check_env_keywords, help_field
 from trainers.trajectory import Trajectory
 from venus_gym.jsonl import append_jsonl, iter_json_lines
 
@@ -147,6 +147,13 @@ class EvalRunConfig:
         if reserved & set(self.env):
             problems.append(f"--env may not set {sorted(reserved & set(self.env))}: they have "
                             "their own options")
+        else:
+            # The env is built only after eval_config.json is written and the tasks are
+            # loaded: an unknown key or a bad value is refused now, before any work.
+            try:
+                check_env_keywords(self.env)
+            except ValueError as error:
+                problems.append(str(error))
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -427,17 +434,11 @@ def _check_settings(path: Path, config: EvalRunConfig) -> None:
 
 def config_from_args(args: Any) -> EvalRunConfig:
     """An EvalRunConfig from the parsed `venus-gym eval` options."""
-    import yaml
+    from trainers.config_yaml import parse_env_options
 
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalRunConfig)
               if f.name != "env" and hasattr(args, f.name)}
-    env: dict[str, Any] = {}
-    for item in args.env or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--env takes KEY=VALUE, got {item!r}")
-        parsed = yaml.safe_load(value)
-        env[key.strip()] = tuple(parsed) if isinstance(parsed, list) else parsed
+    env = parse_env_options(args.env)  # typed as the same value in a config file
     overrides = list(getattr(args, "overrides", None) or [])
     if not overrides:
         return EvalRunConfig(**values, env=env)

@@ -16,14 +16,43 @@ exactly one .gguf file stands for that file (GGUF-only repositories).
 The cache directory is read when a path is resolved, not at import: HF_HUB_CACHE, else
 HUGGINGFACE_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub (huggingface_hub's
 own order).
+
+What the cache names stays inside it: `refs/main` must hold a commit hash (or another plain
+snapshot name), not a path, and the snapshot directory and every file in it must resolve
+inside the cache (huggingface_hub's own symlinks into the repo's blobs/ do). A ref such as
+`../../../outside`, or a snapshot or config.json linked elsewhere, is refused with a
+one-line UnsafeCacheEntry naming it, instead of loading a model from wherever it points.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 HUB_DOWNLOAD_HINT = "hf download {repo_id}"
+# What huggingface_hub writes into refs/<revision>; a plain name is accepted as well (it
+# stays inside snapshots/), never a path.
+_SNAPSHOT_NAME = re.compile(r"(?![.]{1,2}$)[\w.-]{1,255}")
+
+
+class UnsafeCacheEntry(ValueError):
+    """A hub cache entry that points outside the cache (a ref that is a path, a snapshot or
+    file linked elsewhere): refused, not loaded."""
+
+
+def path_exists(path: str | Path) -> bool:
+    """Path.exists, but False (not OSError) for a name no file can have, e.g. one longer
+    than the file system allows: a 5,000-character model id is no path, not a crash."""
+    try:
+        return Path(path).exists()
+    except OSError:
+        return False
+
+
+def _inside(path: str | Path, root: str) -> bool:
+    real = os.path.realpath(path)
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def hub_cache_dir() -> Path:
@@ -49,19 +78,67 @@ def is_hub_id(spec: str) -> bool:
     return True
 
 
+def _check_ref(repo_id: str, folder: Path, root: str) -> None:
+    """Refuse a refs/main that lies outside the cache or names anything but a snapshot of
+    this repo: huggingface_hub joins it onto snapshots/ as it is."""
+    ref_file = folder / "refs" / "main"
+    if not ref_file.is_file():
+        return  # not cached: snapshot_download says so
+    if not _inside(ref_file, root):
+        raise UnsafeCacheEntry(f"hub id {repo_id!r}: its ref {ref_file} links to "
+                               f"{os.path.realpath(ref_file)}, outside the Hugging Face cache "
+                               f"{root}; refusing to load a model through it")
+    ref = ref_file.read_text(encoding="utf-8", errors="replace")
+    if not _SNAPSHOT_NAME.fullmatch(ref.strip()):  # a trailing newline makes no path
+        raise UnsafeCacheEntry(f"hub id {repo_id!r}: its ref {ref_file} holds {ref[:100]!r}, "
+                               "not a commit hash; refusing it, as a path there can lead "
+                               "outside the Hugging Face cache (re-fetch the model with "
+                               f"`{HUB_DOWNLOAD_HINT.format(repo_id=repo_id)}`)")
+
+
+def _check_contained(repo_id: str, snapshot: Path, root: str) -> None:
+    """Refuse a snapshot whose directory, or any file or folder in it, resolves outside the
+    cache (the loaders open whatever the snapshot holds)."""
+    def refuse(path: str) -> UnsafeCacheEntry:
+        return UnsafeCacheEntry(f"hub id {repo_id!r}: {path} (snapshot {snapshot.name} of ref "
+                                f"main) links to {os.path.realpath(path)}, outside the Hugging "
+                                f"Face cache {root}; refusing to load it")
+
+    if not _inside(snapshot, root):
+        raise refuse(str(snapshot))
+    seen = set()
+    for directory, folders, files in os.walk(snapshot, followlinks=True):
+        real = os.path.realpath(directory)
+        if real in seen:  # a link back up: walked already
+            folders.clear()
+            continue
+        seen.add(real)
+        for name in folders + files:
+            if not _inside(os.path.join(directory, name), root):
+                raise refuse(os.path.join(directory, name))
+
+
 def cached_snapshot(repo_id: str) -> Path | None:
     """The cached snapshot directory of `repo_id`'s main revision, or None (not cached, or
-    not a hub id). Never touches the network."""
+    not a hub id). Never touches the network.
+
+    Raises:
+        UnsafeCacheEntry: the ref, the snapshot or a file in it lies outside the cache.
+    """
     if not is_hub_id(repo_id):
         return None
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
+    cache = hub_cache_dir()
+    root = os.path.realpath(cache)
+    _check_ref(repo_id, cache / ("models--" + repo_id.replace("/", "--")), root)
     try:
-        return Path(snapshot_download(repo_id, cache_dir=hub_cache_dir(),
-                                      local_files_only=True))
+        snapshot = Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
     except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
         return None
+    _check_contained(repo_id, snapshot, root)
+    return snapshot
 
 
 def cached_model(repo_id: str) -> Path | None:

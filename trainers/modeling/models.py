@@ -78,7 +78,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from trainers.modeling.hub_cache import cache_miss_reason, cached_model
+from trainers.modeling.hub_cache import cache_miss_reason, cached_model, path_exists
 from trainers.modeling.tokenization import (
     CHATML_TEMPLATE,
     ChatTokenizer,
@@ -453,9 +453,10 @@ def resolve_model_path(path: str | Path) -> Path:
     Raises:
         FileNotFoundError: the name WARM_START, but the package holds no model (say how to
             make one).
+        UnsafeCacheEntry: (a ValueError) the hub id's cache entry points outside the cache.
     """
     if str(path) != WARM_START:
-        if not Path(path).exists():
+        if not path_exists(path):
             cached = cached_model(str(path))
             if cached is not None:
                 return cached
@@ -471,12 +472,16 @@ def resolve_model_path(path: str | Path) -> Path:
 
 
 def _require_checkpoint(path: Path, what: str) -> None:
+    # A name longer than the file system allows is no file (path_exists), not an OSError;
+    # it is shown cut, so the error stays one readable line.
+    shown = repr(str(path)) if len(str(path)) <= 300 else \
+        f"{str(path)[:300]!r}... ({len(str(path)):,} characters)"
     if is_gguf(path):
-        if not path.is_file():
-            raise FileNotFoundError(f"{what} {str(path)!r}: no such GGUF file")
-    elif not (path / "config.json").is_file():
-        tried = "" if path.exists() else f", {cache_miss_reason(str(path))}"
-        raise FileNotFoundError(f"{what} {str(path)!r} is neither a GGUF file nor a directory "
+        if not path_exists(path) or not path.is_file():
+            raise FileNotFoundError(f"{what} {shown}: no such GGUF file")
+    elif not path_exists(path / "config.json") or not (path / "config.json").is_file():
+        tried = "" if path_exists(path) else f", {cache_miss_reason(str(path))}"
+        raise FileNotFoundError(f"{what} {shown} is neither a GGUF file nor a directory "
                                 f"with config.json{tried}; point it at a save_pretrained "
                                 "directory (e.g. the SFT run's final/), a .gguf file or a "
                                 "hub id in the local Hugging Face cache")

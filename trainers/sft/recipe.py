@@ -180,6 +180,15 @@ def build_parser(prog: str | None = None,
     return parser
 
 
+def _is_file(name: str) -> bool:
+    """Whether `name` is an existing file; False for a name no file can have (a long
+    override is not a file name: the OS refuses it with ENAMETOOLONG)."""
+    try:
+        return Path(name).is_file()
+    except OSError:
+        return False
+
+
 def main(argv: list[str] | None = None, prog: str | None = None,
          default_config: str | None = None) -> int:
     """`venus-gym sft`: run (or, with --eval-checkpoint, only evaluate) each config in
@@ -189,7 +198,7 @@ def main(argv: list[str] | None = None, prog: str | None = None,
     args = parser.parse_args(argv)
     # --config FILE... takes every word after it: the KEY=VALUE ones are overrides.
     overrides = [*(item for item in args.config if is_override(item)
-                   and not Path(item).is_file()), *args.overrides]
+                   and not _is_file(item)), *args.overrides]
     args.config = [item for item in args.config if item not in overrides]
     if not args.config:
         parser.error("--config needs at least one config file before the overrides")
