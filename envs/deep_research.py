@@ -32,8 +32,9 @@ from venus_gym.protocol import (
     sanitize_value,
 )
 from venus_gym.scoring import score_answer
-from venus_gym.tools.mcp_tools import is_mcp_spec, mcp_tools
-from venus_gym.tools.plugin import load_object, resolve_tool, run_tool
+from venus_gym.tools.mcp_listing import SECTION_SHARE
+from venus_gym.tools.mcp_tools import ToolSection, is_mcp_spec, mcp_tools
+from venus_gym.tools.plugin import load_object, release_tool, resolve_tool, run_tool
 
 from .config import DeepResearchConfig
 from .resources import build_toolbox, select_tasks, world_and_index
@@ -191,7 +192,15 @@ class DeepResearchEnv(gym.Env[str, str]):
         self.toolbox = toolbox if toolbox is not None else build_toolbox(
             self.config, self.world, index)
         self.count_tokens = self.config.token_counter or approx_token_count
+        self._mcp_tools: list[Any] = []  # built here: released (servers let go) by close()
         self.plugins = self._plug_in(self.config.extra_tools)
+        try:
+            self._finish_init()
+        except BaseException:
+            self.close()  # a refused build stops the servers it started
+            raise
+
+    def _finish_init(self) -> None:
         # The cost report: the web's spending, or MCP servers' calls.
         self._reports_cost = self.config.backend == "web" or any(
             map(is_mcp_spec, self.config.extra_tools))
@@ -399,33 +408,59 @@ class DeepResearchEnv(gym.Env[str, str]):
         return text
 
     # ------------------------------------------------------------------ helpers
+    def close(self) -> None:
+        """Let go of the MCP servers this environment offers (the last environment to let
+        go of one stops it) and of their tools' schemas. Idempotent."""
+        tools, self._mcp_tools = getattr(self, "_mcp_tools", []), []
+        for tool in tools:
+            release_tool(tool)
+        super().close()
+
     def _plug_in(self, specs: Any) -> dict[str, Any]:
         plugins: dict[str, Any] = {}
-        for spec in specs:
-            if is_mcp_spec(spec):  # every tool of an MCP server, through the toolbox's cache
-                tools = mcp_tools(spec, cache=getattr(self.toolbox, "cache", None),
-                                  timeout_s=self.config.tool_timeout_s)
-            else:
-                tools = [spec]
-            for tool in tools:
-                name = getattr(tool, "name", None)
-                if name in ("search", "visit") or name in plugins:
-                    hint = " (give the MCP server a 'prefix')" if is_mcp_spec(spec) else ""
-                    raise ValueError(f"DeepResearch-v0 config: extra_tools offers {name!r} "
-                                     f"twice or under a built-in tool's name{hint}")
-                try:
-                    tool = resolve_tool(tool)
-                except ValueError as error:
-                    if is_mcp_spec(spec):
-                        raise ValueError(f"DeepResearch-v0 config: MCP tool {name!r}: {error} "
-                                         f"(a 'prefix' for the server renames its tools; "
-                                         f"'tools' picks some)") from None
-                    raise
-                if tool.name in ("search", "visit") or tool.name in plugins:
-                    raise ValueError(f"DeepResearch-v0 config: extra_tools offers "
-                                     f"{tool.name!r} twice or under a built-in tool's name")
-                plugins[tool.name] = tool
+        # MCP tools together take at most a share of the context in the system prompt.
+        section = ToolSection(self.config.max_context_tokens // SECTION_SHARE,
+                              self.count_tokens)
+        built: list[Any] = []  # MCP tools holding their server, not yet offered
+        try:
+            for spec in specs:
+                self._plug_in_one(spec, plugins, section, built)
+        except BaseException:  # a refused build lets go of every server it started
+            for tool in built:
+                tool.close(wait=False)
+            self.close()
+            raise
         return plugins
+
+    def _plug_in_one(self, spec: Any, plugins: dict[str, Any], section: ToolSection,
+                     built: list[Any]) -> None:
+        if is_mcp_spec(spec):  # every tool of an MCP server, through the toolbox's cache
+            tools = mcp_tools(spec, cache=getattr(self.toolbox, "cache", None),
+                              timeout_s=self.config.tool_timeout_s, section=section)
+            built.extend(tools)
+        else:
+            tools = [spec]
+        for tool in tools:
+            name = getattr(tool, "name", None)
+            if name in ("search", "visit") or name in plugins:
+                hint = " (give the MCP server a 'prefix')" if is_mcp_spec(spec) else ""
+                raise ValueError(f"DeepResearch-v0 config: extra_tools offers {name!r} "
+                                 f"twice or under a built-in tool's name{hint}")
+            try:
+                tool = resolve_tool(tool)
+            except ValueError as error:
+                if is_mcp_spec(spec):
+                    raise ValueError(f"DeepResearch-v0 config: MCP tool {name!r}: {error} "
+                                     f"(a 'prefix' for the server renames its tools; "
+                                     f"'tools' picks some)") from None
+                raise
+            if tool.name in ("search", "visit") or tool.name in plugins:
+                raise ValueError(f"DeepResearch-v0 config: extra_tools offers "
+                                 f"{tool.name!r} twice or under a built-in tool's name")
+            plugins[tool.name] = tool
+            if is_mcp_spec(spec):
+                built[:] = [other for other in built if other is not tool]
+                self._mcp_tools.append(tool)
 
     @staticmethod
     def _reward_callable(spec: Any) -> Any:

@@ -121,14 +121,17 @@ def test_stdio_calls_and_every_failure_are_observations():
     assert call(env, "add", {"a": 1, "b": 1})[0] == "2"  # the session is still usable
 
     pid = call(env, "pid", {})[0]
-    body, info, _ = call(env, "crash", {})  # the server exits mid-call, twice
-    assert body.startswith("crash failed: ToolBackendError: MCP server ")
-    assert "closed the connection during tool 'crash'" in body
+    body, info, _ = call(env, "crash", {})  # the server exits mid-call; the retry restarts
+    assert body.startswith("crash failed: ")  # it, within the call's 1.5 s or not
+    assert ("ToolBackendError: MCP server " in body
+            and "closed the connection during tool 'crash'" in body) or \
+        "no session within 1.5 s for tool 'crash' (still connecting)" in body, body
     assert body.endswith("(after 2 attempts)")
     assert call(env, "add", {"a": 5, "b": 5})[0] == "10"  # a fresh server process
     assert call(env, "pid", {})[0] != pid
     assert info["cost"]["plugin_calls"] == 11  # every live attempt, retries included
-    assert env.cost()["plugin_calls"] == 13
+    # 13, or more when the restarted server took longer than one 1.5 s attempt to start
+    assert 13 <= env.cost()["plugin_calls"] <= 16
 
 
 def test_streamable_http_with_a_prefix_and_a_tool_choice(http_url):

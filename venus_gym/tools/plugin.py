@@ -27,9 +27,11 @@ changing how the two built-in tools behave.
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+from venus_gym import protocol
 from venus_gym.protocol import register_tool_schema
 
 from .base import CacheMissError
@@ -49,6 +51,12 @@ class Tool(Protocol):
 
 
 _REGISTRY: dict[str, Callable[[], Tool]] = {}
+# How many offered tools (resolve_tool) use each registered schema name, so that the
+# parser's process-wide registry forgets a schema once the last tool using it is released
+# (release_tool): a closed environment's MCP tool must not block a different tool of the
+# same name in the next one.
+_SCHEMA_USERS: dict[str, int] = {}
+_SCHEMA_LOCK = threading.Lock()
 
 
 def register_tool(name: str, factory: Callable[[], Tool]) -> None:
@@ -107,8 +115,28 @@ def resolve_tool(spec: Any) -> Tool:
     if not isinstance(function, dict) or function.get("name") != tool.name:
         raise ValueError(f"tool {tool.name!r}: schema['function']['name'] must be "
                          f"{tool.name!r}")
-    register_tool_schema(tool.schema)
+    with _SCHEMA_LOCK:
+        register_tool_schema(tool.schema)
+        _SCHEMA_USERS[tool.name] = _SCHEMA_USERS.get(tool.name, 0) + 1
     return tool
+
+
+def release_tool(tool: Tool) -> None:
+    """Undo `resolve_tool` for a tool its environment is done with: the parser forgets its
+    schema when no other resolved tool uses it, and the tool's `close()` (if any) runs
+    (an MCP tool lets go of its server)."""
+    with _SCHEMA_LOCK:
+        users = _SCHEMA_USERS.get(tool.name, 0) - 1
+        if users > 0:
+            _SCHEMA_USERS[tool.name] = users
+        elif users == 0:
+            del _SCHEMA_USERS[tool.name]
+            # protocol has no public way to unregister; the registry is a plain dict.
+            if protocol._PLUGIN_SCHEMAS.get(tool.name) == tool.schema:
+                del protocol._PLUGIN_SCHEMAS[tool.name]
+    close = getattr(tool, "close", None)
+    if callable(close):
+        close()
 
 
 def run_tool(tool: Tool, arguments: dict) -> ToolOutcome:
