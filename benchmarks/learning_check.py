@@ -13,7 +13,7 @@ From the packaged warm start (`warm-start`, trainers/warm_start/README.md, or --
 3. the start and every trained policy play the same held-out tasks with
    the same sampling seeds (trainers.evaluation.paired): test-split tasks of the RL world and of
    a validation world (--validation-world) that neither RL nor the warm start's SFT used
-   (--num-tasks of each; 0 = all), --k samples per task at temperature 1.0;
+   (--num-tasks of each; 0 = all), --k samples per task at the rollout temperature;
 4. paired differences with task-clustered bootstrap SEs.
 
 Prints the three policies' numbers, the paired tables, and
@@ -22,7 +22,13 @@ Prints the three policies' numbers, the paired tables, and
     RESULT placebo_gap_z=         (IGPO - placebo) / paired SE, format-valid turn rate
     RESULT pass1_start=  RESULT pass1_igpo=  RESULT pass1_placebo=
     RESULT pass1_gain_z=          (IGPO - start) / paired SE, pass@1
+    RESULT placebo_gap_pass1_z=   (IGPO - placebo) / paired SE, pass@1
+    RESULT worst_metric_z=        the lowest IGPO-vs-start z of the headline metrics (pass@1,
+                                  format-valid, answer rate): below -1 = something got worse
     RESULT igpo_vs_grpo_pass1_z= / igpo_vs_grpo_format_valid_rate_z=   (with the grpo arm)
+    RESULT browse_ratio_{correct,wrong}_{start,igpo}=   DR-Venus's tool-use analysis: visit
+                                  turns / tool turns of correct and wrong episodes
+    RESULT wall_s=                the whole check's wall time
 
 and writes results.json / results.md under --output. The baseline of every number is
 measured in the same run: the start and the placebo are played on the same tasks and seeds.
@@ -39,6 +45,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from rl_checks import arm_tables, step_table, train_arms
 
@@ -104,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                         {**env, "world_seed": args.validation_world}, "test", args.num_tasks)]
     started = time.perf_counter()
     runs = paired_evaluate({"start": base.policy.path, **finals}, held_out, k=args.k,
-                           seed=args.seed, temperature=1.0,
+                           seed=args.seed, temperature=base.rollout.temperature,
                            max_turn_tokens=base.rollout.max_turn_tokens,
                            max_context_tokens=base.rollout.max_context_tokens,
                            threads=base.policy.threads, groups_per_call=args.groups_per_call)
@@ -117,12 +124,19 @@ def main(argv: list[str] | None = None) -> int:
              f"Start `{base.policy.path}`; {base.run.steps} RL steps per arm x "
              f"{base.rollout.queries_per_step} queries x G={base.rollout.group_size}; {tasks} "
              f"held-out tasks ({', '.join(h.name for h in held_out)}) x k={args.k} at "
-             "temperature 1.0, the same tasks and sampling seeds for every policy; ± bootstrap "
-             "SE over tasks.", "", "## Training, step by step", "", *step_table(histories), ""]
+             f"temperature {base.rollout.temperature}, the same tasks and sampling seeds for "
+             "every policy; ± bootstrap SE over tasks.", "", "## Training, step by step", "",
+             *step_table(histories), ""]
     for title, table in tables.items():
         a, b = title.split(" vs ")[1], title.split(" vs ")[0]
         lines += [f"## {title}", "", *comparison_lines(table, a, b), ""]
-    lines += ["time: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()), ""]
+    browse = browse_ratios(runs)
+    lines += ["## Tool use: browse ratio (visit turns / tool turns) of correct and wrong "
+              "episodes", "", "| policy | correct | wrong | episodes correct / wrong |",
+              "| --- | ---: | ---: | ---: |"]
+    lines += [f"| {name} | {b['browse_ratio_correct']:.3f} | {b['browse_ratio_wrong']:.3f} | "
+              f"{b['num_correct']:.0f} / {b['num_wrong']:.0f} |" for name, b in browse.items()]
+    lines += ["", "time: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()), ""]
     text = "\n".join(lines)
     (output / "results.md").write_text(text)
     (output / "results.json").write_text(json.dumps({
@@ -140,14 +154,33 @@ def main(argv: list[str] | None = None) -> int:
     if "igpo" in finals:
         print(f"RESULT format_valid_gain_z={tables['igpo vs start']['format_valid_rate'].z:.2f}")
         print(f"RESULT pass1_gain_z={tables['igpo vs start']['pass@1'].z:.2f}")
+        headline = tables["igpo vs start"]
+        print(f"RESULT worst_metric_z={min(d.z for d in headline.values()):.2f}")
         if "placebo" in finals:
             print(f"RESULT placebo_gap_z="
                   f"{tables['igpo vs placebo']['format_valid_rate'].z:.2f}")
+            print(f"RESULT placebo_gap_pass1_z={tables['igpo vs placebo']['pass@1'].z:.2f}")
         if "grpo" in finals:
             for metric in ("pass@1", "format_valid_rate"):
                 print(f"RESULT igpo_vs_grpo_{metric.replace('@', '')}_z="
                       f"{tables['igpo vs grpo'][metric].z:.2f}")
+    for name in ("start", "igpo"):
+        for which in ("correct", "wrong"):
+            if name in browse:
+                print(f"RESULT browse_ratio_{which}_{name}="
+                      f"{browse[name][f'browse_ratio_{which}']:.3f}")
+    print(f"RESULT wall_s={seconds['total']:.0f}")
     return 0
+
+
+def browse_ratios(runs: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per played policy: the browse ratio of its correct and wrong episodes and how many
+    of each (trainers.evaluation.metrics.trajectory_stats)."""
+    from trainers.evaluation.metrics import trajectory_stats
+
+    keys = ("browse_ratio_correct", "browse_ratio_wrong", "num_correct", "num_wrong")
+    return {name: {key: trajectory_stats([t for g in run.per_task for t in g])[key]
+                   for key in keys} for name, run in runs.items()}
 
 
 if __name__ == "__main__":
