@@ -32,31 +32,13 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.test_hub_models import COMMIT
+from tests.test_hub_models import lay_out_hub_cache as lay_out
 from trainers.cli import main as cli_main
 from venus_gym.protocol import sanitize_observation
 
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
 
 # --- 1. model paths stay inside the cache ---------------------------------------------------
-def lay_out(cache: Path, repo_id: str, files: dict[str, bytes]) -> Path:
-    """A hub cache entry as huggingface_hub writes it (blobs, refs/main, snapshot files
-    linked to the blobs); returns the snapshot directory."""
-    import hashlib
-
-    repo = cache / ("models--" + repo_id.replace("/", "--"))
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(COMMIT)
-    (repo / "blobs").mkdir()
-    snapshot = repo / "snapshots" / COMMIT
-    snapshot.mkdir(parents=True)
-    for name, data in files.items():
-        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.write_bytes(data)
-        (snapshot / name).symlink_to(os.path.relpath(blob, snapshot))
-    return snapshot
-
-
 @pytest.fixture()
 def cache(tmp_path, monkeypatch):
     """An empty hub cache, and a model directory outside it (what an attacker points at)."""

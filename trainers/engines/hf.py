@@ -147,7 +147,8 @@ class HFEngine(Engine):
         self.kv_cache = kv_cache
         self.reserve_decode = reserve_decode
         self.lean_decode = lean_decode
-        self.batched_sampling = batched_sampling and type(self)._choose is HFEngine._choose
+        # __class__ is this class even where a caller rebinds the module's HFEngine name.
+        self.batched_sampling = batched_sampling and type(self)._choose is __class__._choose
         self._sampler: BatchSampler | None = None
         self.max_cached_conversations = max_cached_conversations
         self.cache_stats = KVCacheStats()

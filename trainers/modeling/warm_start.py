@@ -136,7 +136,9 @@ def copy_policy(source: Path, dest: Path) -> list[str]:
     for old in dest.iterdir():
         if old.is_file():
             old.unlink()
-    names = sorted(p.name for p in source.iterdir() if p.is_file())
+    # The source's own record and card are replaced by the package's.
+    names = sorted(p.name for p in source.iterdir()
+                   if p.is_file() and p.name not in (WARM_START_INFO, "README.md"))
     for name in names:
         shutil.copy2(source / name, dest / name)
     return names
@@ -178,8 +180,9 @@ def model_card(info: dict[str, Any]) -> str:
         "venus-gym takes a policy or model path:",
         "",
         "```bash",
-        "venus-gym eval --policy warm-start --benchmark generated "
-        f"--env prompt_style={info['env'].get('prompt_style', 'full')} --out runs/eval",
+        "venus-gym eval --policy warm-start --k 4 --temperature "
+        f"{info['eval']['temperature']} --out runs/eval   # its env settings and world from "
+        "warm_start.json",
         "venus-gym rl --config benchmarks/configs/learning_check_igpo.yaml   # policy.path: "
         "warm-start",
         "```",
@@ -198,7 +201,9 @@ def model_card(info: dict[str, Any]) -> str:
         "## Held-out numbers",
         "",
         f"Test split of each world, {ev['k']} samples per task at temperature "
-        f"{ev['temperature']} (seed {ev['seed']}), at most {ev['max_turns']} turns of "
+        f"{ev['temperature']}, the temperature RL rolls it out at (seed {ev['seed']}; "
+        "docs/benchmarks.md, \"The warm start\", says how it was chosen), at most "
+        f"{ev['max_turns']} turns of "
         f"{ev['max_turn_tokens']} tokens and a context budget of {ev['max_context_tokens']} "
         "tokens; ± is the task-clustered bootstrap standard error "
         "(trainers.evaluation.stats). Format-valid turns: valid turns / generated turns; pass@1: "
