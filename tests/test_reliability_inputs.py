@@ -53,7 +53,7 @@ def cache(tmp_path, monkeypatch):
     return {"root": root, "outside": outside}
 
 
-def refused(spec: str, *fragments: str) -> str:
+def assert_refused(spec: str, *fragments: str) -> str:
     """The one-line error resolving and loading `spec` give; asserts each fragment is in it."""
     from trainers.modeling.models import load_policy, resolve_model_path
 
@@ -73,7 +73,7 @@ def test_1_a_ref_that_is_a_path_is_refused(cache, ref):
     lay_out(cache["root"], "org/ev", {"config.json": b"{}"})
     ref = str(cache["outside"]) if ref == "ABSOLUTE" else ref
     (cache["root"] / "models--org--ev" / "refs" / "main").write_text(ref)
-    refused("org/ev", "hub id 'org/ev'", "refs/main", repr(ref), "not a commit hash")
+    assert_refused("org/ev", "hub id 'org/ev'", "refs/main", repr(ref), "not a commit hash")
 
 
 def test_1_a_snapshot_linked_outside_the_cache_is_refused(cache):
@@ -82,20 +82,20 @@ def test_1_a_snapshot_linked_outside_the_cache_is_refused(cache):
         entry.unlink()
     snapshot.rmdir()
     snapshot.symlink_to(cache["outside"], target_is_directory=True)
-    refused("org/ev", "hub id 'org/ev'", str(cache["outside"]))
+    assert_refused("org/ev", "hub id 'org/ev'", str(cache["outside"]))
 
 
 @pytest.mark.parametrize("name", ["config.json", "model.gguf"])
 def test_1_a_file_linked_outside_the_cache_is_refused(cache, name):
     snapshot = lay_out(cache["root"], "org/ev", {"README.md": b"card"})
     (snapshot / name).symlink_to(cache["outside"] / name)
-    refused("org/ev", "hub id 'org/ev'", name, str(cache["outside"] / name))
+    assert_refused("org/ev", "hub id 'org/ev'", name, str(cache["outside"] / name))
 
 
 def test_1_a_folder_linked_outside_the_cache_is_refused(cache):
     snapshot = lay_out(cache["root"], "org/ev", {"config.json": b"{}"})
     (snapshot / "onnx").symlink_to(cache["outside"], target_is_directory=True)
-    refused("org/ev", "onnx", str(cache["outside"]))
+    assert_refused("org/ev", "onnx", str(cache["outside"]))
 
 
 def test_1_huggingface_hubs_own_layout_still_resolves(cache, tmp_path, monkeypatch):
