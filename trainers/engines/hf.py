@@ -149,7 +149,6 @@ class HFEngine(Engine):
         self.lean_decode = lean_decode
         # __class__ is this class even where a caller rebinds the module's HFEngine name.
         self.batched_sampling = batched_sampling and type(self)._choose is __class__._choose
-        self._sampler: BatchSampler | None = None
         self.max_cached_conversations = max_cached_conversations
         self.cache_stats = KVCacheStats()
         self._conversations: OrderedDict[int, CachedConversation] = OrderedDict()
@@ -214,7 +213,7 @@ class HFEngine(Engine):
         cache = self._batch_cache([source for source, _ in sources], keeps, past) if past else None
         logits, cache = self._forward(input_ids, attention, positions, cache)
         max_steps = max(r.max_new_tokens for r in requests)
-        self._sampler = (BatchSampler(requests, [row.seed for row in rows], logits.shape[-1],
+        sampler = (BatchSampler(requests, [row.seed for row in rows], logits.shape[-1],
                                       logits.device) if self.batched_sampling else None)
         decoder = None
         if self.reserve_decode:  # decoding writes in place instead of copying every step
@@ -223,7 +222,7 @@ class HFEngine(Engine):
                 decoder = LeanDecoder(self.model, cache, attention, max_steps)
         for step in range(max_steps):
             was_live = [row.finish_reason is None for row in rows]
-            next_ids = self._pick_next_tokens(logits, rows, step)
+            next_ids = self._pick_next_tokens(logits, rows, step, sampler)
             if all(row.finish_reason is not None for row in rows):
                 break
             column = next_ids[:, None]
@@ -302,12 +301,12 @@ class HFEngine(Engine):
         while len(self._conversations) > self.max_cached_conversations:
             self._conversations.popitem(last=False)
 
-    def _pick_next_tokens(self, logits: torch.Tensor, rows: list[DecodeRow], step: int
-                          ) -> torch.Tensor:
+    def _pick_next_tokens(self, logits: torch.Tensor, rows: list[DecodeRow], step: int,
+                          sampler: BatchSampler | None = None) -> torch.Tensor:
         """Choose and record one token per live row; finished rows get the pad id. Returns
         the [batch] ids to feed next (on the CPU).
 
-        With batched_sampling every row's token comes from one BatchSampler.draw on the
+        With a `sampler` (batched_sampling) every row's token comes from one draw on the
         logits' device and one host sync; otherwise each live row calls `_choose`, which
         subclasses may override (e.g. forced decoding in benchmarks) and keep the
         bookkeeping here. With lean_decode every row's sampling log-probs come from one
@@ -315,11 +314,11 @@ class HFEngine(Engine):
         one bit for bit); otherwise `_choose` gets None and each row computes its own.
         """
         log_probs = None
-        if self.lean_decode or self._sampler is not None:
+        if self.lean_decode or sampler is not None:
             log_probs = batch_log_probs(logits, [row.request.temperature for row in rows])
-        if self._sampler is not None:
+        if sampler is not None:
             positions = [len(row.token_ids) for row in rows]
-            tokens, logprobs = self._sampler.draw(logits, positions, log_probs)
+            tokens, logprobs = sampler.draw(logits, positions, log_probs)
             choices = list(zip(tokens.tolist(), logprobs.tolist()))
         else:
             choices = [None if row.finish_reason is not None else
@@ -333,7 +332,7 @@ class HFEngine(Engine):
                 continue
             token, logprob = choice
             row.token_ids.append(token)
-            row.logprobs.append(min(0.0, logprob))
+            row.logprobs.append(logprob)
             self._update_finish(row)
             next_ids.append(token)
         return torch.tensor(next_ids, dtype=torch.long)

@@ -106,24 +106,30 @@ def _token_words(vocab_size: int, device: torch.device) -> torch.Tensor:
     return _TOKEN_WORDS[key]
 
 
-def gumbel_noise(seeds: Sequence[int], positions: Sequence[int] | torch.Tensor, vocab_size: int,
-                 device: torch.device | str = "cpu") -> torch.Tensor:
+def seed_keys(seeds: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
+    """[rows] a mixed 32-bit word per seed (its low 64 bits), made once per request."""
+    low = torch.tensor([seed & _MASK32 for seed in seeds], dtype=torch.long, device=device)
+    high = torch.tensor([(seed >> 32) & _MASK32 for seed in seeds], dtype=torch.long,
+                        device=device)
+    return _fmix32(_fmix32(low ^ _GOLDEN) ^ high)
+
+
+def gumbel_noise(seeds: Sequence[int] | torch.Tensor, positions: Sequence[int] | torch.Tensor,
+                 vocab_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Gumbel(0, 1) noise [len(seeds), vocab_size] (float64), a pure function of
     (seeds[i], positions[i], token id): the same row whatever else is in the batch.
 
     Args:
-        seeds: one non-negative int per row (any size; its low 64 bits are used).
+        seeds: one non-negative int per row (any size; its low 64 bits are used), or
+            their `seed_keys` already made.
         positions: [rows] the index of the token being drawn in its request (0 = first).
         vocab_size: V, the width of the noise.
     """
     device = torch.device(device)
-    low = torch.tensor([seed & _MASK32 for seed in seeds], dtype=torch.long, device=device)
-    high = torch.tensor([(seed >> 32) & _MASK32 for seed in seeds], dtype=torch.long,
-                        device=device)
+    keys = seeds if isinstance(seeds, torch.Tensor) else seed_keys(seeds, device)
     position = torch.as_tensor(positions, dtype=torch.long).to(device) & _MASK32
     # A row's key mixes seed and position; one more mix per (key, token) gives the word.
-    key = _fmix32(_fmix32(low ^ _GOLDEN) ^ high)
-    key = _fmix32(key ^ _mul32(position + 1, 0x27D4EB2F))
+    key = _fmix32(keys ^ _mul32(position + 1, 0x27D4EB2F))
     words = _fmix32(key[:, None] ^ _token_words(vocab_size, device)[None, :])
     uniform = words.double().add_(0.5).div_(2.0 ** 32)  # in (0, 1): both logs stay finite
     return uniform.log_().neg_().log_().neg_()
@@ -198,9 +204,9 @@ class BatchSampler:
                  vocab_size: int, device: torch.device | str = "cpu"):
         if len(seeds) != len(requests):
             raise ValueError(f"{len(requests)} requests but {len(seeds)} seeds")
-        self.seeds = list(seeds)
         self.vocab_size = vocab_size
         self.device = torch.device(device)
+        self.keys = seed_keys(seeds, self.device)  # the seeds' part of the noise, made once
 
         def column(values: list[float], dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=self.device)[:, None]
@@ -246,7 +252,7 @@ class BatchSampler:
         tokens = torch.argmax(logits, dim=-1)
         if not bool(self.greedy.all()):
             scaled = self._filtered(logits / self.divisor.to(logits.dtype))
-            noise = gumbel_noise(self.seeds, positions, self.vocab_size, logits.device)
+            noise = gumbel_noise(self.keys, positions, self.vocab_size, logits.device)
             sampled = torch.argmax(scaled.double() + noise, dim=-1)
             tokens = torch.where(self.greedy[:, 0], tokens, sampled)
         self.seen[torch.arange(len(tokens), device=tokens.device), tokens] = True
