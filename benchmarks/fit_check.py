@@ -36,7 +36,7 @@ import os
 import time
 from pathlib import Path
 
-from rl_checks import arm_tables, step_table, train_arms
+from rl_checks import evaluate_arms, report_lines, train_arms
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "benchmarks" / "configs" / "fit_check_igpo.yaml"
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     started_all = time.perf_counter()
 
-    from trainers.evaluation.paired import HeldOut, comparison_lines, paired_evaluate
+    from trainers.evaluation.paired import HeldOut
     from trainers.rl.config import load_rl_config
 
     base = load_rl_config(args.config)
@@ -80,24 +80,16 @@ def main(argv: list[str] | None = None) -> int:
 
     pool = [HeldOut(f"world {base.env.world_seed} train pool", base.env.kwargs(), "train",
                     args.pool)]
-    started = time.perf_counter()
-    runs = paired_evaluate({"start": base.policy.path, **finals}, pool, k=args.k,
-                           seed=args.seed, temperature=1.0,
-                           max_turn_tokens=base.rollout.max_turn_tokens,
-                           max_context_tokens=base.rollout.max_context_tokens,
-                           threads=base.policy.threads, groups_per_call=args.groups_per_call)
-    seconds["eval"] = time.perf_counter() - started
+    runs, tables = evaluate_arms(base, finals, pool, k=args.k, seed=args.seed,
+                                 temperature=1.0, groups_per_call=args.groups_per_call,
+                                 seconds=seconds)
     seconds["total"] = time.perf_counter() - started_all
-    tables = arm_tables(runs, list(finals), args.seed)
-    lines = [f"# Fit check, seed {args.seed}", "",
-             f"Start `{base.policy.path}`; {base.run.steps} RL steps per arm on a pool of "
-             f"{args.pool} train questions of world {base.env.world_seed}; the same questions "
-             f"x k={args.k} at temperature 1.0 under the same sampling seeds for every policy; "
-             "± bootstrap SE over questions.", "", "## Training, step by step", "",
-             *step_table(histories), ""]
-    for title, table in tables.items():
-        a, b = title.split(" vs ")[1], title.split(" vs ")[0]
-        lines += [f"## {title}", "", *comparison_lines(table, a, b), ""]
+    lines = report_lines(
+        f"Fit check, seed {args.seed}",
+        f"Start `{base.policy.path}`; {base.run.steps} RL steps per arm on a pool of "
+        f"{args.pool} train questions of world {base.env.world_seed}; the same questions "
+        f"x k={args.k} at temperature 1.0 under the same sampling seeds for every policy; "
+        "± bootstrap SE over questions.", histories, tables)
     lines += ["time: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()), ""]
     text = "\n".join(lines)
     (output / "results.md").write_text(text)

@@ -34,10 +34,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.ig_reference import reference_probe_scores  # noqa: E402
 from trainers.algorithms.information_gain import (  # noqa: E402
     InformationGainConfig,
     fast_probe_scores,
-    reference_probe_scores,
 )
 from trainers.algorithms.probes import ProbeTemplate  # noqa: E402
 from trainers.modeling.models import tiny_causal_lm  # noqa: E402

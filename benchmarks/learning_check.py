@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rl_checks import arm_tables, step_table, train_arms
+from rl_checks import evaluate_arms, report_lines, train_arms
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "benchmarks" / "configs" / "learning_check_igpo.yaml"
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     started_all = time.perf_counter()
 
-    from trainers.evaluation.paired import HeldOut, comparison_lines, paired_evaluate
+    from trainers.evaluation.paired import HeldOut
     from trainers.modeling.warm_start import warm_start_info
     from trainers.rl.config import load_rl_config
 
@@ -109,27 +109,18 @@ def main(argv: list[str] | None = None) -> int:
     held_out = [HeldOut(f"world {base.env.world_seed} test", env, "test", args.num_tasks),
                 HeldOut(f"world {args.validation_world} test",
                         {**env, "world_seed": args.validation_world}, "test", args.num_tasks)]
-    started = time.perf_counter()
-    runs = paired_evaluate({"start": base.policy.path, **finals}, held_out, k=args.k,
-                           seed=args.seed, temperature=base.rollout.temperature,
-                           max_turn_tokens=base.rollout.max_turn_tokens,
-                           max_context_tokens=base.rollout.max_context_tokens,
-                           threads=base.policy.threads, groups_per_call=args.groups_per_call)
-    seconds["eval"] = time.perf_counter() - started
+    runs, tables = evaluate_arms(base, finals, held_out, k=args.k, seed=args.seed,
+                                 temperature=base.rollout.temperature,
+                                 groups_per_call=args.groups_per_call, seconds=seconds)
     seconds["total"] = time.perf_counter() - started_all
-    tables = arm_tables(runs, list(finals), args.seed)
-
     tasks = len(runs["start"].per_task)
-    lines = [f"# Learning check, seed {args.seed}", "",
-             f"Start `{base.policy.path}`; {base.run.steps} RL steps per arm x "
-             f"{base.rollout.queries_per_step} queries x G={base.rollout.group_size}; {tasks} "
-             f"held-out tasks ({', '.join(h.name for h in held_out)}) x k={args.k} at "
-             f"temperature {base.rollout.temperature}, the same tasks and sampling seeds for "
-             "every policy; ± bootstrap SE over tasks.", "", "## Training, step by step", "",
-             *step_table(histories), ""]
-    for title, table in tables.items():
-        a, b = title.split(" vs ")[1], title.split(" vs ")[0]
-        lines += [f"## {title}", "", *comparison_lines(table, a, b), ""]
+    lines = report_lines(
+        f"Learning check, seed {args.seed}",
+        f"Start `{base.policy.path}`; {base.run.steps} RL steps per arm x "
+        f"{base.rollout.queries_per_step} queries x G={base.rollout.group_size}; {tasks} "
+        f"held-out tasks ({', '.join(h.name for h in held_out)}) x k={args.k} at "
+        f"temperature {base.rollout.temperature}, the same tasks and sampling seeds for "
+        "every policy; ± bootstrap SE over tasks.", histories, tables)
     browse = browse_ratios(runs)
     lines += ["## Tool use: browse ratio (visit turns / tool turns) of correct and wrong "
               "episodes", "", "| policy | correct | wrong | episodes correct / wrong |",

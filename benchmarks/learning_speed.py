@@ -53,7 +53,7 @@ def roll_out(config: Any, groups_per_call: int) -> tuple[list[Any], float]:
     config.rollout.groups_per_call = groups_per_call
     workers = start_workers(config, config.algorithm.build())
     try:
-        num_tasks = workers.rollouts.call_first("num_tasks")
+        num_tasks = workers.rollouts.num_tasks()
         jobs = step_jobs(config.run.seed, 0, config.rollout.queries_per_step, num_tasks)
         started = time.perf_counter()
         rolled = driver_roll_out(workers.rollouts, jobs, 1.0, groups_per_call=groups_per_call)
@@ -64,7 +64,8 @@ def roll_out(config: Any, groups_per_call: int) -> tuple[list[Any], float]:
 
 def learner_step(config: Any, results: list[Any], packing: bool) -> tuple[float, float, int]:
     """(score s, update s, trajectory tokens) of one learner step on `results`."""
-    from trainers.distributed import InProcess, WorkerGroup, WorkerSpec
+    from trainers.backends import InProcess, WorkerSpec
+    from trainers.distributed import WorkerGroup
     from trainers.modeling.models import load_tokenizer
     from trainers.rl.driver import ppo_update, to_batch
     from trainers.rl.learner import Learner

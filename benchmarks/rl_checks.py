@@ -74,3 +74,34 @@ def arm_tables(runs: dict[str, Any], arms: list[str], seed: int) -> dict[str, di
         tables.update({f"igpo vs {arm}": compare(runs[arm], runs["igpo"], seed=seed)
                        for arm in arms if arm != "igpo"})
     return tables
+
+
+def evaluate_arms(base: Any, finals: dict[str, str], held_out: list[Any], *, k: int,
+                  seed: int, temperature: float, groups_per_call: int,
+                  seconds: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The start policy and every trained one play `held_out` paired (the same tasks and
+    sampling seeds); returns the runs and arm_tables' paired comparisons, and adds the
+    evaluation's seconds to `seconds`."""
+    from trainers.evaluation.paired import paired_evaluate
+
+    started = time.perf_counter()
+    runs = paired_evaluate({"start": base.policy.path, **finals}, held_out, k=k, seed=seed,
+                           temperature=temperature,
+                           max_turn_tokens=base.rollout.max_turn_tokens,
+                           max_context_tokens=base.rollout.max_context_tokens,
+                           threads=base.policy.threads, groups_per_call=groups_per_call)
+    seconds["eval"] = time.perf_counter() - started
+    return runs, arm_tables(runs, list(finals), seed)
+
+
+def report_lines(title: str, intro: str, histories: dict[str, list[dict[str, float]]],
+                 tables: dict[str, dict[str, Any]]) -> list[str]:
+    """The check's results.md: the training table, then one paired table per comparison."""
+    from trainers.evaluation.paired import comparison_lines
+
+    lines = [f"# {title}", "", intro, "", "## Training, step by step", "",
+             *step_table(histories), ""]
+    for name, table in tables.items():
+        b, a = name.split(" vs ")
+        lines += [f"## {name}", "", *comparison_lines(table, a, b), ""]
+    return lines

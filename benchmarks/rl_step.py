@@ -117,7 +117,8 @@ def every_turn_ig(model: Any, learner: Any, batch: Any, answers: list[list[str]]
     )
     from trainers.algorithms.probes import build_probes
 
-    probes = [build_probes(learner.tokenizer, learner.probe_template, gold) for gold in answers]
+    template = learner.algorithm.probe_template(learner.scoring())  # IGPO (or its placebo)
+    probes = [build_probes(learner.tokenizer, template, gold) for gold in answers]
     slots = boundary_positions(batch) >= 0
     with torch.no_grad():
         scores = score_batch(model, batch, probes, slots,
@@ -131,7 +132,7 @@ def phases(config: Any, device: str, steps: int) -> dict[str, float]:
     from trainers.modeling.models import load_tokenizer
     from trainers.rl.cluster import start_workers
     from trainers.rl.driver import ppo_update, step_jobs, to_batch
-    from trainers.rl.weight_sync import WeightSync
+    from trainers.rl.weight_updates import WeightSync
 
     algorithm = config.algorithm.build()
     tokenizer, _ = load_tokenizer(config.policy.path)
@@ -141,10 +142,10 @@ def phases(config: Any, device: str, steps: int) -> dict[str, float]:
     out: dict[str, float] = {}
     try:
         sync.push(0)
-        num_tasks = workers.rollouts.call_first("num_tasks")
+        num_tasks = workers.rollouts.num_tasks()
         for step in range(steps):
             jobs = step_jobs(config.run.seed, step, config.rollout.queries_per_step, num_tasks)
-            results, rollout_s = timed(device, workers.rollouts.map, "rollout", jobs)
+            results, rollout_s = timed(device, workers.rollouts.rollout, jobs)
             batch, answers = to_batch(results, tokenizer.pad_token_id or 0)
             distractors = algorithm.probe_distractors(batch, answers)
             scored, score_s = timed(device, workers.learners.score, batch, answers,
@@ -170,7 +171,7 @@ def phases(config: Any, device: str, steps: int) -> dict[str, float]:
             float(new_ig[both].abs().mean()), 1e-12)
         out["ig_turns"] = float(both.sum())
     finally:
-        for worker in workers.rollouts.workers:  # an in-process vLLM engine holds GPU memory
+        for worker in workers.rollouts.group.workers:  # an in-process vLLM engine holds GPU memory
             getattr(worker.engine, "close", lambda: None)()
         workers.close()
         if device == "cuda":
@@ -271,7 +272,7 @@ def main() -> None:
         if on_ray:
             import ray
 
-            from trainers.distributed import init_ray
+            from trainers.backends import init_ray
 
             init_ray(runs.run.ray_address, num_cpus=8)
         try:

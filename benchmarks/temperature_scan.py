@@ -22,12 +22,11 @@ import time
 
 from trainers.evaluation.paired import HEADLINE, METRICS, paired_evaluate
 from trainers.evaluation.stats import bootstrap_se
-from trainers.modeling.warm_start import (
+from trainers.modeling.warm_start import policy_env, policy_record
+from trainers.sft.warm_start_package import (
     EVAL_CONTEXT_TOKENS,
     ROLLOUT_CONTEXT_TOKENS,
     held_out_sets,
-    policy_env,
-    policy_record,
 )
 
 

@@ -7,7 +7,7 @@ evaluates it on held-out tasks of worlds its SFT never saw and writes the model 
 
 import sys
 
-from trainers.modeling.warm_start import main
+from trainers.sft.warm_start_package import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -6,6 +6,8 @@ hand-off dominates their matmuls), and one thread keeps CPU results reproducible
 
 import os
 
+import pytest
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -17,3 +19,66 @@ except ImportError:  # the environment tests need no torch
 
 if torch is not None:
     torch.set_num_threads(1)
+
+
+# The RL tests' world and policy: a random tiny model whose tokenizer knows that world.
+RL_TEST_WORLD = {"world_size": 300, "world_seed": 3}
+
+
+def save_tiny_policy(directory, texts, vocab_size: int, **model) -> str:
+    """A random tiny causal LM with a ChatML tokenizer trained on `texts`, saved to
+    `directory` (save_pretrained); returns the directory as a string."""
+    from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
+
+    tokenizer = build_chatml_tokenizer(texts, vocab_size=vocab_size)
+    build_tiny_causal_lm(tokenizer, seed=0, **model).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory) -> str:
+    """The RL tests' policy (tests/test_rl_*.py): vocabulary of RL_TEST_WORLD, hidden 64."""
+    from trainers.data.oracle_data import world_texts
+
+    return save_tiny_policy(tmp_path_factory.mktemp("policy"), world_texts(RL_TEST_WORLD),
+                            2048, hidden=64, layers=2, heads=2)
+
+
+@pytest.fixture(scope="module")
+def phrase_policy_dir(tmp_path_factory) -> str:
+    """A policy for learner tests on synthetic batches: a 300-token vocabulary."""
+    return save_tiny_policy(tmp_path_factory.mktemp("policy"),
+                            ["where was ada born? search the page, answer london"] * 8, 300,
+                            hidden=64, layers=2)
+
+
+# The OpenEnv server (`venus-gym serve-env`) on a free loopback port, for the tests of its
+# HTTP and WebSocket API: the embedded world, small.
+OPENENV_KW = {"world_size": 100, "world_seed": 1, "max_turns": 6}
+
+
+@pytest.fixture(scope="module")
+def openenv_server():
+    """"http://127.0.0.1:PORT" of an OpenEnv server of OPENENV_KW, run in a thread."""
+    pytest.importorskip("openenv.core.env_server.http_server")
+    pytest.importorskip("websockets")
+    import threading
+    import time
+
+    import uvicorn
+
+    from envs.integrations.openenv import bind, make_app
+
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(make_app(OPENENV_KW), log_level="warning",
+                                           ws="websockets-sansio"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server.should_exit = True
+    thread.join(10)

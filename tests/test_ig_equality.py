@@ -10,13 +10,12 @@ import torch
 
 import trainers.algorithms.information_gain as information_gain
 from tests.helpers import TurnSpec, synthetic_record
+from tests.ig_reference import reference_policy_logprobs, reference_probe_scores
 from trainers.algorithms.information_gain import (
     InformationGainConfig,
     best_answer_scores,
     boundary_positions,
     fast_probe_scores,
-    reference_policy_logprobs,
-    reference_probe_scores,
     score_batch,
 )
 from trainers.algorithms.packed_attention import BLOCKSPARSE, packed_probe_attention, plan_chunks

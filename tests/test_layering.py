@@ -209,7 +209,7 @@ MAX_TOP_LEVEL_TRAINERS_MODULES = 12  # the rest lives in its stage's subpackage
 
 
 def test_modules_stay_small_and_trainers_is_organised_by_stage():
-    too_long = {str(path.relative_to(REPO)): lines for package in ("envs", "trainers")
+    too_long = {str(path.relative_to(REPO)): lines for package in ("envs", "trainers", "venus_gym")
                 for path in _sources(package)
                 if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not too_long, (f"modules over {MAX_MODULE_LINES} lines: {too_long}; split them by "
@@ -218,3 +218,156 @@ def test_modules_stay_small_and_trainers_is_organised_by_stage():
     assert len(top_level) <= MAX_TOP_LEVEL_TRAINERS_MODULES, (
         f"{len(top_level)} modules at the top of trainers/ ({top_level}): move stage code into "
         f"its subpackage (algorithms, engines, evaluation, modeling, rl, sft, data)")
+
+
+# --- the stages inside trainers/ --------------------------------------------------------------
+# Lowest first. A part of trainers/ (a subpackage or a top-level module) may import parts of
+# lower rows only, whether at module level, inside a function or under TYPE_CHECKING: the
+# model sits below everything, the RL and SFT trainers above evaluation, the pipeline and the
+# command on top. A new part fails test_every_part_of_trainers_has_a_stage until placed here.
+TRAINERS_STAGES = (
+    ("modeling", "batch", "config_yaml", "checkpoint_files", "backends"),
+    ("trajectory", "config_utils", "distributed", "algorithms", "engines"),
+    ("run_log", "rollout", "data"),
+    ("evaluation", "integrations"),
+    ("sft", "rl"),
+    ("pipeline",),
+    ("cli",),
+)
+STAGE_OF = {part: row for row, parts in enumerate(TRAINERS_STAGES) for part in parts}
+# Data, not code: folders of package data (configs, the packaged policy) and the package.
+NOT_PARTS = {"__init__", "configs", "warm_start"}
+
+
+def trainers_part(module: str) -> str | None:
+    """'rl' for trainers.rl.driver, 'batch' for trainers.batch, None for other packages."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "trainers" and len(parts) > 1 else None
+
+
+def trainers_imports(source: str) -> list[tuple[int, str]]:
+    """(line, module) of every import of a trainers module in `source`, wherever it sits;
+    `from trainers import rl` names trainers.rl."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names
+                      if alias.name.split(".")[0] == "trainers"]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "trainers":
+                found += [(node.lineno, f"trainers.{alias.name}") for alias in node.names]
+            elif node.module.split(".")[0] == "trainers":
+                found.append((node.lineno, node.module))
+    return found
+
+
+def stage_violations(source: str, part: str) -> list[str]:
+    """'line: part imports other (stage a -> b)' for every import that does not go down."""
+    found = []
+    for line, module in trainers_imports(source):
+        other = trainers_part(module)
+        if other is None or other == part:
+            continue
+        if other not in STAGE_OF or STAGE_OF[other] >= STAGE_OF[part]:
+            found.append(f"{line}: {part} imports {module} (stage {STAGE_OF[part]} -> "
+                         f"{STAGE_OF.get(other, 'none')})")
+    return found
+
+
+def _part_of_file(path: Path) -> str:
+    relative = path.relative_to(REPO / "trainers")
+    return relative.parts[0] if len(relative.parts) > 1 else relative.stem
+
+
+def test_every_part_of_trainers_has_a_stage():
+    parts = {_part_of_file(path) for path in _sources("trainers")} - NOT_PARTS
+    assert len(parts) >= 15
+    assert parts - set(STAGE_OF) == set(), "place new parts of trainers/ in TRAINERS_STAGES"
+    assert set(STAGE_OF) - parts == set(), "TRAINERS_STAGES names a part that is gone"
+
+
+def test_trainers_imports_go_down_the_stages():
+    found = {str(path.relative_to(REPO)): hits for path in _sources("trainers")
+             if _part_of_file(path) not in NOT_PARTS
+             and (hits := stage_violations(path.read_text(), _part_of_file(path)))}
+    assert not found, f"imports against the stage order (tests/test_layering.py): {found}"
+
+
+@pytest.mark.parametrize("source, part, expected", [
+    ("def f():\n    from trainers.rl.driver import train", "modeling",
+     ["2: modeling imports trainers.rl.driver (stage 0 -> 4)"]),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainers.sft.config import X",
+     "evaluation", ["3: evaluation imports trainers.sft.config (stage 3 -> 4)"]),
+    ("from trainers import pipeline", "rl", ["1: rl imports trainers.pipeline (stage 4 -> 5)"]),
+    ("import trainers.rollout", "engines", ["1: engines imports trainers.rollout (stage 1 -> 2)"]),
+    ("from trainers.evaluation import paired", "sft", []),  # sft stands above evaluation
+    ("from trainers.rl.learner import Learner", "rl", []),   # within a part
+    ("from trainers.batch import collate", "algorithms", []),
+])
+def test_the_stage_check_sees_a_planted_back_edge(source, part, expected):
+    assert stage_violations(source, part) == expected
+
+
+def module_graph(package: str = "trainers") -> dict[str, set[str]]:
+    """module -> the modules of `package` it imports (anywhere in the file)."""
+    modules = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in _sources(package)}
+
+    def resolve(name: str) -> str | None:
+        parts = name.split(".")
+        return next((".".join(parts[:i]) for i in range(len(parts), 0, -1)
+                     if ".".join(parts[:i]) in modules), None)
+
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text())
+        targets = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets |= {resolve(f"{node.module}.{alias.name}") for alias in node.names}
+            elif isinstance(node, ast.Import):
+                targets |= {resolve(alias.name) for alias in node.names}
+        graph[module] = {t for t in targets if t and t != module
+                         and not module.startswith(t + ".")}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while component[-1:] != [node]:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles_between_trainers_modules():
+    graph = module_graph()
+    assert len(graph) >= 80 and sum(map(len, graph.values())) >= 200
+    assert cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_type_only_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []

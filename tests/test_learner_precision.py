@@ -28,14 +28,8 @@ def single_thread():
 
 
 @pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory) -> str:
-    directory = tmp_path_factory.mktemp("policy")
-    tokenizer = build_chatml_tokenizer(["where was ada born? search the page, answer london"] * 8,
-                                       vocab_size=300)
-    model = build_tiny_causal_lm(tokenizer, hidden=64, layers=2, seed=0)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return str(directory)
+def policy_dir(phrase_policy_dir) -> str:
+    return phrase_policy_dir
 
 
 def algorithm():
@@ -51,7 +45,7 @@ def learner_batch(vocab_size: int, seed: int = 0):
 def update(learner: Learner, seed: int = 0) -> dict[str, float]:
     """One optimizer step with advantage 1 on every policy token (a real gradient)."""
     batch = learner_batch(len(learner.tokenizer), seed)
-    old = learner.logprobs_and_probe_scores(batch, [["london"]] * batch.batch_size)
+    old = learner.score(batch, [["london"]] * batch.batch_size)
     batch = batch.replace(old_logprobs=old["old_logprobs"],
                           advantages=torch.where(batch.loss_mask, 1.0, 0.0))
     return learner.update(batch, LossTotals(tokens=int(batch.loss_mask.sum()),
@@ -101,8 +95,8 @@ def test_bf16_autocast_keeps_fp32_parameters_and_computes_in_bf16(policy_dir):
     plain = Learner(policy_dir, algorithm(), lr=1e-3)
     mixed = Learner(policy_dir, algorithm(), lr=1e-3, autocast="bfloat16")
     batch = learner_batch(len(plain.tokenizer))
-    fp32 = plain.logprobs_and_probe_scores(batch, [["x"]] * 2)["old_logprobs"]
-    bf16 = mixed.logprobs_and_probe_scores(batch, [["x"]] * 2)["old_logprobs"]
+    fp32 = plain.score(batch, [["x"]] * 2)["old_logprobs"]
+    bf16 = mixed.score(batch, [["x"]] * 2)["old_logprobs"]
     # bf16 matmuls: close to the fp32 log-probs, but not equal (autocast is on).
     assert not torch.equal(fp32, bf16)
     assert torch.allclose(fp32, bf16, atol=0.1)

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import gymnasium as gym
@@ -24,32 +23,18 @@ import envs  # noqa: E402,F401
 from envs.integrations.openenv import (  # noqa: E402
     DeepResearchAction,
     DeepResearchClient,
-    bind,
-    make_app,
 )
+from tests.conftest import OPENENV_KW  # noqa: E402
 from venus_gym.worlds.oracle import OracleAgent  # noqa: E402
 
 pytestmark = pytest.mark.slow
-KW = {"world_size": 100, "world_seed": 1, "max_turns": 6}
+KW = OPENENV_KW
 MALFORMED = "no tags at all"
 
 
 @pytest.fixture(scope="module")
-def url():
-    import uvicorn
-
-    sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(make_app(KW), log_level="warning",
-                                           ws="websockets-sansio"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server.should_exit = True
-    thread.join(10)
+def url(openenv_server):
+    return openenv_server
 
 
 def local_episode(seed, actions_from):

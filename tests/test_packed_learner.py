@@ -18,14 +18,8 @@ from trainers.rl.learner import Learner, LossTotals, policy_rows
 
 
 @pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory) -> str:
-    directory = tmp_path_factory.mktemp("policy")
-    tokenizer = build_chatml_tokenizer(["where was ada born? search the page, answer london"] * 8,
-                                       vocab_size=300)
-    model = build_tiny_causal_lm(tokenizer, hidden=64, layers=2, seed=0)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return str(directory)
+def policy_dir(phrase_policy_dir) -> str:
+    return phrase_policy_dir
 
 
 def uneven_batch(rows: int = 6, vocab_size: int = 300):
@@ -79,7 +73,7 @@ def test_the_packed_learner_makes_the_padded_learners_update(policy_dir, kl_coef
                 for packing in (False, True)}
     outputs, metrics = {}, {}
     for packing, learner in learners.items():
-        scored = learner.logprobs_and_probe_scores(batch, answers)
+        scored = learner.score(batch, answers)
         outputs[packing] = scored
         ready = batch.replace(**scored)
         ready = ready.replace(advantages=algorithm.advantages(

@@ -364,29 +364,9 @@ def test_4_serve_retrieval_holds_a_burst_and_logs_disconnects_in_one_line(tmp_pa
 
 
 # --- 5. serve-env ------------------------------------------------------------------------------
-OPENENV_KW = {"world_size": 100, "world_seed": 1, "max_turns": 6}
-
-
 @pytest.fixture(scope="module")
-def openenv_url():
-    pytest.importorskip("openenv.core.env_server.http_server")
-    pytest.importorskip("websockets")
-    import uvicorn
-
-    from envs.integrations.openenv import bind, make_app
-
-    sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(make_app(OPENENV_KW), log_level="warning",
-                                           ws="websockets-sansio"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.05)
-    yield f"ws://127.0.0.1:{sock.getsockname()[1]}/ws"
-    server.should_exit = True
-    thread.join(10)
+def openenv_url(openenv_server):
+    return openenv_server.replace("http://", "ws://") + "/ws"
 
 
 MALFORMED_FRAMES = {"array": "[1, 2]", "string": '"reset"', "null": "null", "number": "5",

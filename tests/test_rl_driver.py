@@ -19,6 +19,8 @@ import torch
 import yaml
 
 import trainers.modeling.models as trainers_models
+from tests.conftest import RL_TEST_WORLD
+from tests.helpers import synthetic_record
 from trainers.batch import collate
 from trainers.data.oracle_data import world_texts
 from trainers.modeling.models import build_chatml_tokenizer, build_tiny_causal_lm
@@ -28,17 +30,7 @@ from trainers.rl.driver import step_jobs, train
 from trainers.run_log import read_metrics
 from trainers.trajectory import check_invariants
 
-WORLD = {"world_size": 300, "world_seed": 3}
-
-
-@pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory) -> str:
-    directory = tmp_path_factory.mktemp("policy")
-    tokenizer = build_chatml_tokenizer(world_texts(WORLD), vocab_size=2048)
-    model = build_tiny_causal_lm(tokenizer, hidden=64, layers=2, heads=2, seed=0)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return str(directory)
+WORLD = RL_TEST_WORLD
 
 
 def small_config(policy_dir: str, output_dir: Path, algorithm: str = "igpo",
@@ -292,10 +284,10 @@ def test_learner_logprobs_divide_the_logits_by_the_temperature(policy_dir):
 def test_two_mini_batches_make_the_clip_engage(policy_dir):
     """With one mini-batch and one epoch the ratio is exactly 1; with two, the second
     mini-batch is scored by the policy after the first optimizer step."""
-    from tests.helpers import synthetic_record
     from trainers.algorithms import PolicyGradientConfig, make_algorithm
     from trainers.algorithms.losses import LossConfig
-    from trainers.distributed import InProcess, WorkerGroup, WorkerSpec
+    from trainers.backends import InProcess, WorkerSpec
+    from trainers.distributed import WorkerGroup
     from trainers.rl.config import LearnerConfig
     from trainers.rl.driver import ppo_update
     from trainers.rl.learner import Learner
@@ -321,6 +313,30 @@ def test_two_mini_batches_make_the_clip_engage(policy_dir):
             assert metrics["ratio_max"] == pytest.approx(1.0, abs=1e-5)
     assert clip[1] == 0.0
     assert clip[2] > 0.0  # averaged over both steps: the second one clips
+
+
+def test_a_steps_ratio_extremes_are_the_extremes_of_all_its_updates():
+    """ppo_update averages diagnostics over its optimizer steps but keeps ratio_min /
+    ratio_max as the step's extremes (an average of minima hides the one update that
+    moved a token's probability by orders of magnitude)."""
+    from trainers.rl.config import LearnerConfig
+    from trainers.rl.driver import ppo_update
+
+    class ScriptedLearners:
+        def __init__(self):
+            self.replies = iter([
+                {"ratio_min": 1.0, "ratio_max": 1.0, "kl": 0.0},
+                {"ratio_min": 1e-6, "ratio_max": 1.2, "kl": 8.0},
+                {"ratio_min": 0.5, "ratio_max": 40.0, "kl": 4.0},
+                {"ratio_min": 0.9, "ratio_max": 1.1, "kl": 0.0}])
+
+        def update(self, mini):
+            return next(self.replies)
+
+    batch = collate([synthetic_record([("answer", 4, 0)], group_id=i, vocab_size=64, seed=i)
+                     for i in range(4)])
+    metrics = ppo_update(ScriptedLearners(), batch, LearnerConfig(ppo_epochs=2, mini_batches=2))
+    assert metrics == {"ratio_min": 1e-6, "ratio_max": 40.0, "kl": 3.0}
 
 
 def test_eval_after_off_leaves_the_final_evaluation_to_the_caller(tmp_path, policy_dir):

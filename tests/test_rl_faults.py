@@ -24,20 +24,19 @@ import pytest
 import torch
 import yaml
 
-from tests.test_rl_driver import policy_dir  # noqa: F401 (a fixture)
 from tests.test_rl_driver import small_config as driver_config
 from trainers.distributed import WorkerGroup
 from trainers.rl.checkpoint import DRIVER_STATE_FILE, latest_rl_checkpoint
 from trainers.rl.config import RLConfig, rl_config_to_dict
 from trainers.rl.driver import train
-from trainers.rl.learner import LEARNER_STATE_FILE
+from trainers.rl.learner import LEARNER_STATE_FILE, Learner
 from trainers.run_log import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = {"time", "rollout_s", "score_s", "update_s", "learner_s", "tokens_per_s"}  # wall clock
 
 
-def small_config(policy_dir: str, output_dir: Path) -> RLConfig:  # noqa: F811
+def small_config(policy_dir: str, output_dir: Path) -> RLConfig:
     """tests/test_rl_driver.py's 2-step run, checkpointing every step, without the
     evaluation of the starting policy (the same in every run here)."""
     config = driver_config(policy_dir, output_dir)
@@ -73,7 +72,7 @@ def resumed(config: RLConfig):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, policy_dir):  # noqa: F811
+def uninterrupted(tmp_path_factory, policy_dir):
     output = tmp_path_factory.mktemp("uninterrupted")
     result = train(small_config(policy_dir, output))
     return result, metric_rows(output)
@@ -89,7 +88,7 @@ def assert_same_run(result, output: Path, uninterrupted) -> None:
     assert not list(output.glob(".checkpoint-*"))  # scratch directories cleaned
 
 
-def test_checkpoints_are_renamed_into_place_complete(tmp_path, policy_dir):  # noqa: F811
+def test_checkpoints_are_renamed_into_place_complete(tmp_path, policy_dir):
     """latest only returns complete checkpoint directories, never a scratch one."""
     from trainers.checkpoint_files import latest_complete, new_scratch, publish
 
@@ -112,7 +111,7 @@ def test_checkpoints_are_renamed_into_place_complete(tmp_path, policy_dir):  # n
 
 @pytest.mark.parametrize("point", ["after-group", "in-checkpoint"])
 def test_in_process_driver_killed_resumes_to_the_same_weights_and_metrics(
-        tmp_path, policy_dir, uninterrupted, point):  # noqa: F811
+        tmp_path, policy_dir, uninterrupted, point):
     config = small_config(policy_dir, tmp_path / "run")
     output = Path(config.run.output_dir)
     if point == "after-group":
@@ -177,7 +176,7 @@ def on_ray(config: RLConfig, learners: int = 1) -> RLConfig:
 
 @pytest.mark.slow
 def test_ray_driver_killed_during_a_checkpoint_resumes_through_ray_address(
-        tmp_path, policy_dir, uninterrupted, ray_cluster, monkeypatch):  # noqa: F811
+        tmp_path, policy_dir, uninterrupted, ray_cluster, monkeypatch):
     """The driver joins the cluster by run.ray_address, is killed after its learner wrote
     checkpoint-000002's state; the resumed driver joins by RAY_ADDRESS (as under
     `ray job submit`) with run.ray_address empty."""
@@ -202,7 +201,7 @@ def test_ray_driver_killed_during_a_checkpoint_resumes_through_ray_address(
 
 @pytest.mark.slow
 def test_ray_learner_killed_mid_update_stops_the_run_naming_it_and_the_checkpoint(
-        tmp_path, policy_dir, ray_cluster, monkeypatch):  # noqa: F811
+        tmp_path, policy_dir, ray_cluster, monkeypatch):
     """Two learners; learner 1 is killed right after step 1's update reached both (its
     peer then waits in, or fails out of, the gradient all-reduce)."""
     import ray
@@ -213,7 +212,7 @@ def test_ray_learner_killed_mid_update_stops_the_run_naming_it_and_the_checkpoin
     per_step = config.learner.mini_batches * config.learner.ppo_epochs  # optimizer steps
 
     def kill_learner_1_in_step_1(group, verb, args):
-        if group.role == "learner" and verb == "update":
+        if group.role == "learner" and verb is Learner.update:
             updates.append(verb)
             if len(updates) == per_step + 1:  # step 1's first optimizer step
                 collect = group._collect

@@ -12,23 +12,20 @@ import dataclasses
 
 import pytest
 
-from tests import test_rl_driver
 from tests.echo_worker import Echo
 from tests.test_rl_driver import small_config
-from trainers.distributed import (
+from trainers.backends import (
     Bundle,
     InProcess,
     PlacementGroupSpec,
     RayActors,
-    WorkerGroup,
     WorkerSpec,
     backend_for,
 )
+from trainers.distributed import WorkerGroup
 from trainers.rl import driver
 from trainers.rl.cluster import start_workers
-from trainers.rl.placement import placement_plan
-
-policy_dir = test_rl_driver.policy_dir  # the module-scoped fixture: a tiny random policy
+from trainers.rl.placement import actor_resources, placement_plan
 
 
 def placed_config(policy_dir, output_dir, placement: str):
@@ -64,6 +61,43 @@ def test_placement_settings_that_cannot_work_are_refused_by_name(tmp_path, polic
         backend_for(False, placement=[PlacementGroupSpec("g", ({"CPU": 1},), "PACK")])
     with pytest.raises(ValueError, match="placement groups need Ray"):
         InProcess().start(WorkerSpec(dict, bundle=Bundle("g", 0)))
+
+
+@pytest.mark.parametrize("resources, message", [
+    ({"CPU": 1}, r"rollout.ray_resources: 'CPU' is one of Ray's own resources"),
+    ({"memory": 1}, r"rollout.ray_resources: 'memory' is one of Ray's own resources"),
+    ({"rollout_node": "many"}, r"rollout.ray_resources.rollout_node must be a number > 0, "
+                               r"got 'many'"),
+    ({"rollout_node": 0}, r"rollout.ray_resources.rollout_node must be a number > 0, got 0"),
+    ({"rollout_node": True}, r"must be a number > 0, got True"),
+    ({"rollout_node": float("inf")}, r"must be a number > 0, got inf"),
+    ({"": 1}, r"a resource name must be a non-empty string, got ''"),
+    (["rollout_node"], r"rollout.ray_resources must be a mapping of resource name to amount"),
+])
+def test_custom_resources_that_cannot_work_are_refused_by_name(tmp_path, policy_dir,
+                                                               resources, message):
+    config = placed_config(policy_dir, tmp_path, "split")
+    config.rollout.ray_resources = resources
+    with pytest.raises(ValueError, match=message):
+        config.validate()
+
+
+def test_custom_resources_need_ray_and_reach_bundles_and_actors(tmp_path, policy_dir):
+    config = placed_config(policy_dir, tmp_path, "split")
+    config.learner.ray_resources = {"learner_node": 0.5}
+    config.rollout.ray_resources = {"rollout_node": 0.25, "fast_disk": 1}
+    config.validate()
+    plan = placement_plan(config)
+    assert [g.bundles for g in plan.groups] == [
+        ({"CPU": 0.5, "learner_node": 0.5},),
+        ({"CPU": 0.5, "fast_disk": 1.0, "rollout_node": 0.25},)]
+    assert actor_resources(0.5, 0.0, {"rollout_node": 0.25}) == {
+        "num_cpus": 0.5, "num_gpus": 0.0, "resources": {"rollout_node": 0.25}}
+    assert actor_resources(1.0, 1.0, {}) == {"num_cpus": 1.0, "num_gpus": 1.0}
+    config.run.use_ray, config.run.placement, config.rollout.num_workers = False, "none", 0
+    with pytest.raises(ValueError, match=r"learner.ray_resources and rollout.ray_resources "
+                                         r"reserve Ray resources: they need run.use_ray"):
+        config.validate()
 
 
 def test_plans_give_each_learner_and_engine_its_own_bundle(tmp_path, policy_dir):
@@ -114,7 +148,7 @@ def test_actors_run_in_their_bundles_and_the_step_completes(
 
     def start_and_look(config, algorithm):
         workers = start_workers(config, algorithm)
-        seen["groups"] = {name: g.id.hex() for name, g in workers.rollouts.backend.groups.items()}
+        seen["groups"] = {name: g.id.hex() for name, g in workers.rollouts.group.backend.groups.items()}
         seen["learners"] = workers.learners.group.placements()
         seen["rollouts"] = workers.rollouts.placements()
         return workers
@@ -144,7 +178,7 @@ def test_a_replacement_starts_in_the_dead_workers_bundle(local_ray):
         assert [(p.placement_group, p.bundle_index) for p in group.placements()] == [
             (pair, 0), (pair, 1)]
         local_ray.kill(group.workers[0])
-        assert group.map("square", [1, 2, 3, 4]) == [1, 4, 9, 16]
+        assert group.map(Echo.square, [1, 2, 3, 4]) == [1, 4, 9, 16]
         assert group.restarts == 1
         # The survivor is bundle 1; the replacement took the freed bundle 0.
         assert sorted(p.bundle_index for p in group.placements()) == [0, 1]

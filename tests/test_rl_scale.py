@@ -12,15 +12,12 @@ from collections import Counter
 import pytest
 import torch
 
-from tests import test_rl_driver
 from tests.test_rl_driver import same_weights, small_config
 from trainers.algorithms.losses import aggregate
 from trainers.batch import collate, record_from_trajectory
 from trainers.modeling.logprobs import policy_token_logprobs
 from trainers.modeling.models import load_policy
 from trainers.rl.driver import groups_needed, train
-
-policy_dir = test_rl_driver.policy_dir  # the module-scoped fixture: a tiny random policy
 
 
 def tasks_per_group(trajectories) -> list[str]:

@@ -20,7 +20,8 @@ from trainers.modeling.models import (
     resolve_model_path,
     warm_start_dir,
 )
-from trainers.modeling.warm_start import MAX_MODEL_BYTES, copy_policy, package, warm_start_info
+from trainers.modeling.warm_start import warm_start_info
+from trainers.sft.warm_start_package import MAX_MODEL_BYTES, copy_policy, package
 
 WORLD = {"world_size": 300, "hops": [1], "search_top_k": 2}
 
@@ -89,7 +90,7 @@ def test_package_refuses_training_worlds_and_oversized_models(policy_dir, sft_co
                                                               tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"\[2\].*never saw"):
         package(policy_dir, tmp_path / "a", sft_configs=(sft_config,), worlds=(2, 3))
-    monkeypatch.setattr("trainers.modeling.warm_start.MAX_MODEL_BYTES", 1000)
+    monkeypatch.setattr("trainers.sft.warm_start_package.MAX_MODEL_BYTES", 1000)
     with pytest.raises(ValueError, match="MiB"):
         copy_policy(trainers.modeling.models.Path(policy_dir), tmp_path / "b")
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):

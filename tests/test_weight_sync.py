@@ -9,7 +9,7 @@ import multiprocessing
 import pytest
 import torch
 
-from trainers.distributed import free_address
+from trainers.backends import free_address
 from trainers.modeling.models import tiny_causal_lm
 from trainers.rl.weight_sync import (
     join_sync_group,

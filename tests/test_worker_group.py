@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainers.distributed import InProcess, WorkerGroup, WorkerSpec
+from trainers.backends import InProcess, WorkerSpec
+from trainers.distributed import WorkerGroup
 
 
 class Died(Exception):
@@ -59,17 +60,17 @@ def group_of(size: int, doomed: list[int], max_restarts: int) -> WorkerGroup:
 def test_calls_reach_every_worker_with_shared_or_own_arguments():
     group = group_of(3, [], 0)
     assert group.names == {w: f"w{i + 1}" for i, w in enumerate(group.workers)}
-    assert group.call("add", 1, 2) == [3, 3, 3]
-    assert group.call_each("add", [(1, 1), None, (3, 3)]) == [2, None, 6]
-    assert group.call_first("ping") == "w1"
+    assert group.call(Worker.add, 1, 2) == [3, 3, 3]
+    assert group.call_each(Worker.add, [(1, 1), None, (3, 3)]) == [2, None, 6]
+    assert group.call_first(Worker.ping) == "w1"
     with pytest.raises(ValueError, match="2 argument lists for 3 workers"):
-        group.call_each("add", [(1, 1), (2, 2)])
+        group.call_each(Worker.add, [(1, 1), (2, 2)])
 
 
 def test_map_runs_every_item_once_in_item_order():
     group = group_of(1, [], 0)
     seen = []
-    results = group.map("square", [3, 1, 2], on_result=lambda result, g: seen.append(result))
+    results = group.map(Worker.square, [3, 1, 2], on_result=lambda result, g: seen.append(result))
     assert [value for value, _, _ in results] == [9, 1, 4]
     assert seen == results  # the hook sees each result as it finishes
     assert group.workers[0].log == [3, 1, 2]
@@ -77,9 +78,9 @@ def test_map_runs_every_item_once_in_item_order():
 
 def test_a_dead_workers_item_runs_again_on_a_replacement_with_the_current_weights():
     group = group_of(1, [], max_restarts=1)
-    group.call_sticky("set_weights", "v0")
+    group.call_sticky(Worker.set_weights, "v0")
     group.workers[0].doomed.append(1)  # worker 1 dies on its first item
-    results = group.map("square", [5, 6])
+    results = group.map(Worker.square, [5, 6])
     assert [value for value, _, _ in results] == [25, 36]  # nothing lost, nothing twice
     assert {name for _, name, _ in results} == {"w2"}  # the replacement ran them
     assert {weights for _, _, weights in results} == {"v0"}  # after the sticky call
@@ -90,7 +91,7 @@ def test_a_dead_workers_item_runs_again_on_a_replacement_with_the_current_weight
 def test_a_worker_dying_during_a_sticky_call_is_replaced_and_gets_the_call():
     group = group_of(2, [], max_restarts=2)
     group.workers[1].doomed.append(2)
-    group.call_sticky("set_weights", "v1")
+    group.call_sticky(Worker.set_weights, "v1")
     assert [w.weights for w in group.workers] == ["v1", "v1"]
     assert group.names[group.workers[1]] == "w3" and group.restarts == 1
 
@@ -98,14 +99,14 @@ def test_a_worker_dying_during_a_sticky_call_is_replaced_and_gets_the_call():
 def test_no_restarts_left_and_no_worker_alive_fails_naming_the_setting():
     group = group_of(1, [1], max_restarts=0)
     with pytest.raises(RuntimeError, match="every square worker died.*squares.max_restarts"):
-        group.map("square", [1])
+        group.map(Worker.square, [1])
 
 
 def test_a_replacement_that_fails_to_start_uses_up_a_restart():
     group = group_of(1, [], max_restarts=2)
-    group.call_sticky("set_weights", "v0")
+    group.call_sticky(Worker.set_weights, "v0")
     group.workers[0].doomed.extend([1, 2])  # worker 2 (the first replacement) dies at once
-    assert [value for value, _, _ in group.map("square", [4])] == [16]
+    assert [value for value, _, _ in group.map(Worker.square, [4])] == [16]
     assert group.restarts == 2 and list(group.names.values()) == ["w3"]
 
 
@@ -113,7 +114,7 @@ def test_in_process_errors_are_not_taken_for_dead_workers():
     Worker.started = 0
     group = WorkerGroup(InProcess(), [WorkerSpec(Worker, ([1],))], max_restarts=3)
     with pytest.raises(Died):
-        group.map("square", [1])
+        group.map(Worker.square, [1])
     assert group.restarts == 0
 
 
@@ -175,8 +176,8 @@ def test_cutoff_keeps_whole_finished_groups_and_cuts_the_stragglers():
     group = WorkerGroup(Threads(), [WorkerSpec(GroupWorker, ({1, 4}, started))] * 3,
                         role="rollout worker")
     done: list[object] = []
-    results = group.map("rollout", list(range(6)), lambda result, _: done.append(result),
-                        need=4, cancel="cancel")
+    results = group.map(GroupWorker.rollout, list(range(6)), lambda result, _: done.append(result),
+                        need=4, cancel=GroupWorker.cancel)
     kept = {i: r for i, r in enumerate(results) if r is not None}
     assert sorted(kept) == [0, 2, 3, 5]  # the four fast groups, whatever their order
     assert all(r == [f"g{i}/{m}" for m in range(3)] for i, r in kept.items())  # whole
@@ -186,7 +187,7 @@ def test_cutoff_keeps_whole_finished_groups_and_cuts_the_stragglers():
     assert sorted(started) == list(range(6))  # every group ran once, none twice
     # The cut workers are free again: a full map reaches every worker and runs every group.
     started.clear()
-    again = group.map("rollout", [10, 11, 12, 13])
+    again = group.map(GroupWorker.rollout, [10, 11, 12, 13])
     assert [r[0] for r in again] == ["g10/0", "g11/0", "g12/0", "g13/0"]
     assert sorted(started) == [10, 11, 12, 13] and group.cut == 2
 
@@ -195,7 +196,7 @@ def test_cutoff_in_process_starts_only_the_groups_it_needs():
     started: list[int] = []
     group = WorkerGroup(InProcess(), [WorkerSpec(GroupWorker, (set(), started))],
                         role="rollout worker")
-    results = group.map("rollout", list(range(5)), need=3, cancel="cancel")
+    results = group.map(GroupWorker.rollout, list(range(5)), need=3, cancel=GroupWorker.cancel)
     assert [r is not None for r in results] == [True, True, True, False, False]
     assert started == [0, 1, 2] and group.cut == 2
 
@@ -203,8 +204,22 @@ def test_cutoff_in_process_starts_only_the_groups_it_needs():
 def test_remembered_arguments_are_computed_when_a_replacement_starts():
     group = group_of(2, [1], max_restarts=1)
     calls: list[int] = []
-    group.remember("set_weights", lambda: (calls.append(1) or "lazy weights",))
+    group.remember(Worker.set_weights, lambda: (calls.append(1) or "lazy weights",))
     assert calls == []  # nothing sent to the live workers
-    results = group.map("square", [1, 2])
+    results = group.map(Worker.square, [1, 2])
     assert [r[0] for r in results] == [1, 4]
     assert calls == [1] and results[0][2] == "lazy weights"  # the replacement got them
+
+
+def test_verbs_are_methods_of_the_worker_class_not_names():
+    """A verb is the worker class's method (go-to-definition reaches it); a name, or a
+    method the workers' class lacks, is refused before anything runs."""
+    group = group_of(2, doomed=[], max_restarts=0)
+    with pytest.raises(TypeError, match=r"a square worker verb is a method of the worker class "
+                                        r"\(e\.g\. Learner\.update\), not 'square'"):
+        group.call("square", 2)
+    with pytest.raises(AttributeError, match=r"Worker has no verb 'rollout' "
+                                             r"\(GroupWorker\.rollout was called on its "
+                                             r"square workers\)"):
+        group.map(GroupWorker.rollout, [1])
+    assert group.call(Worker.square, 3) == [(9, "w1", None), (9, "w2", None)]

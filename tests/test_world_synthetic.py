@@ -11,16 +11,8 @@ import pytest
 from venus_gym.corpus import World
 from venus_gym.worlds import load_world
 from venus_gym.worlds.oracle import mentions
-from venus_gym.worlds.synthetic import (
-    COLOURS,
-    FACTS,
-    INDUSTRIES,
-    INSTRUMENTS,
-    MAX_PAGES,
-    MIN_PAGES,
-    WorldConfig,
-    generate_world,
-)
+from venus_gym.worlds.synthetic import MAX_PAGES, MIN_PAGES, WorldConfig, generate_world
+from venus_gym.worlds.synthetic_facts import COLOURS, FACTS, INDUSTRIES, INSTRUMENTS
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 

@@ -41,25 +41,6 @@ from typing import Any
 from tqdm import tqdm
 
 
-def _run_oracle_episode(env, task_id: str, seed: int, detour_prob: float = 0.0):
-    """One episode of the oracle agent; returns (transcript, total_reward, final_info)."""
-    from venus_gym.worlds.oracle import OracleAgent
-
-    obs, info = env.reset(seed=seed, options={"task_id": task_id})
-    agent = OracleAgent(env.unwrapped.task, rng_seed=seed, detour_prob=detour_prob)
-    transcript = [("user", obs)]
-    total, done = 0.0, False
-    while not done:
-        action = agent.act(obs)
-        obs, reward, terminated, truncated, info = env.step(action)
-        total += reward
-        done = terminated or truncated
-        transcript.append(("assistant", action))
-        if obs:
-            transcript.append(("user", obs))
-    return transcript, total, info
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from trainers.pipeline import main as pipeline_main
 
@@ -139,6 +120,7 @@ def cmd_oracle(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
     import envs  # noqa: F401  (registers the environments)
+    from trainers.data.oracle_data import OracleMixture, run_oracle_episode
 
     t0 = time.perf_counter()
     env = gym.make("DeepResearch-v0", world_size=args.world_size, world_seed=args.seed)
@@ -147,23 +129,25 @@ def cmd_oracle(args: argparse.Namespace) -> int:
           f"(built and indexed in {time.perf_counter() - t0:.1f} s)")
     tasks = env.unwrapped.tasks
     for ep in range(args.show):
-        task = tasks[ep * max(1, len(tasks) // max(1, args.show)) % len(tasks)]
-        transcript, total, info = _run_oracle_episode(env, task.id, seed=ep,
-                                                      detour_prob=args.detour_prob)
-        print(f"\n{'=' * 78}\nepisode {ep}: task {task.id} ({task.hops} hops), "
-              f"reward {total:+.2f}, turns {info['turn']}, gold {task.answers[0]!r}")
-        for role, text in transcript:
+        index = ep * max(1, len(tasks) // max(1, args.show)) % len(tasks)
+        played = run_oracle_episode(env, index, ep, OracleMixture(1.0, args.detour_prob),
+                                    None, f"oracle/{ep}")
+        print(f"\n{'=' * 78}\nepisode {ep}: task {played.task_id} ({tasks[index].hops} "
+              f"hops), score {played.outcome:.2f}, turns {len(played.turns)}, gold "
+              f"{played.answers[0]!r}")
+        for message in played.messages[1:]:  # the system prompt is the env's, always the same
+            text = message["content"]
             shown = text if len(text) <= 600 else text[:600] + " [...]"
-            print(f"--- {role}\n{shown}")
+            print(f"--- {message['role']}\n{shown}")
     n = min(args.eval_tasks, len(tasks))
     by_hops: dict[int, list[float]] = {}
     turns = []
     t0 = time.perf_counter()
     for i in tqdm(range(n), desc="oracle eval", unit="task", file=sys.stderr):
-        task = tasks[(i * len(tasks)) // n]  # spread over the task list: every hop count
-        _, total, info = _run_oracle_episode(env, task.id, seed=i)
-        by_hops.setdefault(task.hops, []).append(info.get("score", 0.0))
-        turns.append(info["turn"])
+        index = (i * len(tasks)) // n  # spread over the task list: every hop count
+        played = run_oracle_episode(env, index, i, OracleMixture(1.0), None, f"oracle/{i}")
+        by_hops.setdefault(tasks[index].hops, []).append(played.outcome)
+        turns.append(len(played.turns))
     dt = time.perf_counter() - t0
     print(f"\noracle score on {n} tasks ({sum(turns) / dt:,.0f} env steps/s):")
     for h in sorted(by_hops):

@@ -7,6 +7,7 @@ registers them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -18,10 +19,13 @@ from trainers.algorithms.advantages import (
     igpo_turn_advantages,
     rloo_advantages,
 )
+from trainers.algorithms.information_gain import InformationGainConfig, score_batch
+from trainers.algorithms.probes import build_probe_template, build_probes, encode_text
 from trainers.algorithms.registry import (
     Advantages,
     Algorithm,
     PolicyGradientConfig,
+    PolicyScoring,
     register_algorithm,
 )
 from trainers.algorithms.rewards import (
@@ -64,6 +68,35 @@ class IGPO(Algorithm):
 
     config_class = IGPOConfig
     needs_probe_scores = True
+
+    def score(self, policy: PolicyScoring, batch: RolloutBatch, answers: list[list[str]],
+              distractors: list[list[str]] | None = None) -> dict[str, torch.Tensor]:
+        """boundary_scores (each probed boundary's log-probability of the gold answer, or
+        gold - distractors) and old_logprobs from one fused forward per trajectory
+        (trainers.algorithms.information_gain.score_batch)."""
+        template = self.probe_template(policy)
+        probes = [build_probes(policy.tokenizer, template, gold) for gold in answers]
+        wrong = None if distractors is None else [
+            build_probes(policy.tokenizer, template, other) for other in distractors]
+        with policy.autocast():
+            scored = score_batch(policy.model, batch, probes, self.probe_slots(batch),
+                                 InformationGainConfig(temperature=policy.temperature),
+                                 distractors=wrong)
+        return {"boundary_scores": scored.boundary_scores,
+                "old_logprobs": scored.old_logprobs}
+
+    def probe_template(self, policy: PolicyScoring) -> Any:
+        """The probe continuation of a turn boundary for this policy's chat format: the
+        policy's turns open with the assistant header followed by "<think>\n" (the DR-Venus
+        turn format), and the probe continues exactly there. Built once per tokenizer."""
+        cached = getattr(self, "_probe_template", None)
+        if cached is None or cached[0] is not policy.tokenizer:
+            template = build_probe_template(
+                policy.tokenizer, list(policy.chat.generation_prompt_ids)
+                + encode_text(policy.tokenizer, "<think>\n"),
+                eos_token_id=policy.chat.end_of_turn_id)
+            cached = self._probe_template = (policy.tokenizer, template)
+        return cached[1]
 
     def probe_slots(self, batch: RolloutBatch) -> torch.Tensor:
         """[B, T+1] bool: the boundaries to probe (trainers.algorithms.information_gain.score_batch)."""

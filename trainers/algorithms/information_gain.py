@@ -10,8 +10,8 @@ gold answer g is
 
 Two implementations that must agree (tests/test_ig_equality.py, within 1e-4 in fp32):
 
-- `reference_probe_scores`: one teacher-forced forward per (boundary, answer). Obviously
-  correct, costs ~K * L/2 tokens per answer.
+- `reference_probe_scores` (tests/ig_reference.py): one teacher-forced forward per
+  (boundary, answer). Obviously correct, costs ~K * L/2 tokens per answer.
 - `fast_probe_scores`: one forward over `[trajectory | probes of b_1 | ... | probes of b_K]`
   with the packed attention of trainers.algorithms.packed_attention; the same forward also returns the
   log-probs of the trajectory's policy tokens (the old-log-prob pass), since the policy and
@@ -53,7 +53,7 @@ from trainers.algorithms.packed_attention import (
 )
 from trainers.algorithms.probes import Probe
 from trainers.batch import RolloutBatch
-from trainers.modeling.logprobs import hidden_token_logprobs, token_logprobs
+from trainers.modeling.logprobs import hidden_token_logprobs
 
 BACKENDS = ("auto", "dense", "blocksparse", "flex")
 
@@ -104,7 +104,7 @@ def best_answer_scores(scores: torch.Tensor) -> torch.Tensor:
     return scores.max(dim=-1).values
 
 
-def _check_inputs(input_ids: torch.Tensor, boundaries: torch.Tensor,
+def check_inputs(input_ids: torch.Tensor, boundaries: torch.Tensor,
                   probes: Sequence[Probe]) -> None:
     if input_ids.ndim != 1:
         raise ValueError(f"input_ids must be one trajectory [L], got shape {list(input_ids.shape)}")
@@ -128,7 +128,7 @@ def _check_plain_lm_head(model: torch.nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
     """Probe scores and old log-probs are deterministic: no dropout, whatever the caller's mode."""
     was_training = model.training
     model.eval()
@@ -136,42 +136,6 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         model.train(was_training)
-
-
-@torch.no_grad()
-def reference_probe_scores(model: torch.nn.Module, input_ids: torch.Tensor,
-                           boundaries: torch.Tensor, probes: Sequence[Probe],
-                           temperature: float = 1.0) -> torch.Tensor:
-    """[K, G] probe scores, one plain forward of `input_ids[:b] + probe` per pair.
-
-    input_ids: [L] int64; boundaries: [K] int64 in [0, L]. Uses the model exactly as
-    configured (its own attention implementation and head).
-    """
-    _check_inputs(input_ids, boundaries, probes)
-    scores = torch.empty(len(boundaries), len(probes))
-    for k, boundary in enumerate(boundaries.tolist()):
-        for g, probe in enumerate(probes):
-            probe_ids = torch.tensor(probe.ids, dtype=torch.long, device=input_ids.device)
-            sequence = torch.cat([input_ids[:boundary], probe_ids])[None]
-            with _eval_mode(model):
-                logits = model(sequence, logits_to_keep=len(probe.ids), use_cache=False).logits[0]
-            # logits[j] (over probe positions) predicts probe token j + 1.
-            logprobs, _ = token_logprobs(logits[probe.answer_start - 1:probe.answer_end - 1],
-                                         probe_ids[probe.answer_start:probe.answer_end],
-                                         temperature)
-            scores[k, g] = logprobs.mean()
-    return scores
-
-
-@torch.no_grad()
-def reference_policy_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
-                              policy_mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """[L] log-probs of the policy tokens (0 elsewhere) from one plain forward."""
-    with _eval_mode(model):
-        logits = model(input_ids[None], use_cache=False).logits[0]
-    result = torch.zeros(input_ids.shape[0], device=input_ids.device)
-    result[1:] = token_logprobs(logits[:-1], input_ids[1:], temperature)[0]
-    return torch.where(policy_mask, result, torch.zeros_like(result))
 
 
 def build_layout(trajectory_length: int, sorted_boundaries: torch.Tensor,
@@ -215,7 +179,7 @@ def fast_probe_scores(model: torch.nn.Module, input_ids: torch.Tensor,
     from one packed forward. Same numbers as reference_probe_scores.
     """
     config = config or InformationGainConfig()
-    _check_inputs(input_ids, boundaries, probes)
+    check_inputs(input_ids, boundaries, probes)
     _check_plain_lm_head(model)
     if policy_mask is not None and (policy_mask.shape != input_ids.shape
                                     or policy_mask.dtype != torch.bool):
@@ -246,7 +210,7 @@ def fast_probe_scores(model: torch.nn.Module, input_ids: torch.Tensor,
         attach_flex_block_mask(layout, compiled=config.compile_flex)
 
     decoder = model.get_decoder()
-    with _eval_mode(model), packed_probe_attention(model, layout, implementation):
+    with eval_mode(model), packed_probe_attention(model, layout, implementation):
         hidden = decoder(input_ids=packed_ids[None], position_ids=layout.position_ids[None],
                          use_cache=False, **call_kwargs).last_hidden_state[0]
     lm_head = model.get_output_embeddings()

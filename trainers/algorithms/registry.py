@@ -4,10 +4,10 @@ The RL step (trainers.rl.driver and its learners) only knows this interface:
 
     algorithm = make_algorithm("igpo")                   # or "grpo", "rloo", your own
     algorithm.kl_coef, algorithm.loss_aggregation        # learners: reference copy, loss units
-    if algorithm.needs_probe_scores:                     # IGPO: the fused probe pass
-        slots = algorithm.probe_slots(batch)
-        batch = score_batch(model, batch, probes, slots) # boundary_scores + old_logprobs
     distractors = algorithm.probe_distractors(batch, answers)   # contrastive IG, or None
+    scores = algorithm.score(policy, batch, answers, distractors)   # on each learner:
+        # old_logprobs, plus what the algorithm needs scored (IGPO: boundary_scores from
+        # its fused probe pass); `policy` is the learner's PolicyScoring
     rewards = algorithm.turn_rewards(batch)              # TurnRewards [B, T], pure
     advantages, metrics = algorithm.advantages(batch, rewards)  # [B, L] float32, pure
     batch = batch.replace(advantages=advantages)
@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
@@ -55,6 +57,26 @@ from trainers.algorithms.rewards import (
 from trainers.batch import RolloutBatch
 
 _REGISTRY: dict[str, type[Algorithm]] = {}
+
+
+@dataclass(frozen=True)
+class PolicyScoring:
+    """What a learner lends an algorithm to score a batch with (Algorithm.score).
+
+    model: the policy module that scores (eval mode, no gradients are taken);
+    tokenizer, chat: its tokenizer and chat format (trainers.modeling.models.load_policy);
+    temperature: the rollout temperature (scores use logits / temperature);
+    logprobs(batch): [B, L] float32 log-probs of the batch's tokens under `model`, aligned
+        with input_ids (the learner's packed or padded forward);
+    autocast(): the learner's precision context for a forward of `model`.
+    """
+
+    model: torch.nn.Module
+    tokenizer: Any
+    chat: Any
+    temperature: float
+    logprobs: Callable[[RolloutBatch], torch.Tensor]
+    autocast: Callable[[], AbstractContextManager[Any]]
 
 
 class Advantages(NamedTuple):
@@ -166,8 +188,18 @@ class Algorithm:
         loss.aggregation."""
         return self.config.loss.aggregation
 
+    def score(self, policy: PolicyScoring, batch: RolloutBatch, answers: list[list[str]],
+              distractors: list[list[str]] | None = None) -> dict[str, torch.Tensor]:
+        """What the learners compute for every row of a rollout batch before its rewards,
+        without gradients: "old_logprobs" [B, L] (the behaviour log-probs of the PPO ratio)
+        and any score the algorithm's turn_rewards read (IGPO: "boundary_scores" [B, T+1]).
+        answers / distractors: per row, the gold answers and wrong ones to probe (or None).
+        Default: the old log-probs only. The reference log-probs of the KL term are the
+        learner's (it keeps the reference copy when kl_coef > 0)."""
+        return {"old_logprobs": policy.logprobs(batch)}
+
     def probe_slots(self, batch: RolloutBatch) -> torch.Tensor:
-        """[B, T+1] bool: the turn boundaries whose probe scores the learners compute
+        """[B, T+1] bool: the turn boundaries whose probe scores `score` computes
         (trainers.algorithms.information_gain.score_batch), when `needs_probe_scores`."""
         raise NotImplementedError(f"{type(self).__name__} sets needs_probe_scores but does "
                                   "not say which boundaries to probe (probe_slots)")
@@ -235,6 +267,10 @@ class Placebo(Algorithm):
     @property
     def loss_aggregation(self) -> str:
         return self.inner.loss_aggregation
+
+    def score(self, policy: PolicyScoring, batch: RolloutBatch, answers: list[list[str]],
+              distractors: list[list[str]] | None = None) -> dict[str, torch.Tensor]:
+        return self.inner.score(policy, batch, answers, distractors)
 
     def probe_slots(self, batch: RolloutBatch) -> torch.Tensor:
         return self.inner.probe_slots(batch)

@@ -66,6 +66,7 @@ from trainers.config_utils import from_dict, help_field
 from trainers.engines.base import GenerationRequest
 from trainers.engines.hf import HFEngine
 from trainers.integrations.rllib_env import RLLIB_ENV_NAME, register_rllib_env, unpadded
+from trainers.modeling.logprobs import token_logprobs
 from trainers.rollout import DEFAULT_STOP_STRINGS, banned_control_ids
 
 
@@ -243,12 +244,15 @@ class TransformersTurnModule(TorchRLModule, ValueFunctionAPI):
         generated = [unpadded(a.cpu(), self.pad_id) for a in actions]
         hidden, logits = self._run([c + g for c, g in zip(contexts, generated)],
                                    [len(c) for c in contexts], self.turn_tokens)
-        scale = self.turn_config.temperature or 1.0
-        log_probs = torch.log_softmax(logits.float() / scale, dim=-1)
-        safe = actions.clamp(max=self.pad_id - 1).to(log_probs.device)
-        token_logp = log_probs.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
-        real = (actions != self.pad_id).to(log_probs.device)
+        # One rule for every log-prob the trainers compute (trainers.modeling.logprobs):
+        # logits / temperature in float32; temperature 0 here means the sampling default, 1.
+        safe = actions.clamp(max=self.pad_id - 1).to(logits.device)
+        flat_logp, flat_entropy = token_logprobs(
+            logits.reshape(-1, logits.shape[-1]), safe.reshape(-1),
+            self.turn_config.temperature or 1.0, entropy=True)
+        token_logp = flat_logp.reshape(safe.shape)
+        entropy = flat_entropy.reshape(safe.shape)
+        real = (actions != self.pad_id).to(logits.device)
         dist_inputs = torch.stack([token_logp * real, entropy * real], dim=-1)
         time_shape = tuple(batch[Columns.OBS].shape[:-1])
         return {Columns.ACTION_DIST_INPUTS: dist_inputs.reshape(*time_shape, self.turn_tokens, 2),

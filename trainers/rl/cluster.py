@@ -4,7 +4,7 @@ decision: `backend_for(config.run.use_ray, ...)`), in the placement groups of
 `run.placement` (trainers.rl.placement) when it is not 'none'.
 
     workers = start_workers(config, algorithm)
-    workers.learners.score(...); workers.rollouts.map("rollout", jobs)
+    workers.learners.score(...); workers.rollouts.rollout(jobs)
     workers.close()
 """
 
@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from trainers.distributed import Backend, WorkerGroup, WorkerSpec, backend_for
+from trainers.backends import Backend, WorkerSpec, backend_for
+from trainers.distributed import WorkerGroup
 from trainers.rl.config import RLConfig
 from trainers.rl.learner import Learner
 from trainers.rl.learner_group import LearnerGroup
-from trainers.rl.placement import PlacementPlan, placement_plan
+from trainers.rl.placement import PlacementPlan, actor_resources, placement_plan
+from trainers.rl.rollout_group import RolloutGroup
 from trainers.rl.rollout_worker import RolloutWorker, SearchService
 from trainers.rollout import SamplingConfig
 
@@ -28,14 +30,14 @@ class Workers:
     """The run's worker groups: learners, rollout workers and the optional search service."""
 
     learners: LearnerGroup
-    rollouts: WorkerGroup
+    rollouts: RolloutGroup
     search: WorkerGroup | None = None
 
     @property
     def concurrent(self) -> bool:
         """Whether calls on different groups run at the same time (Ray), so that rollouts
         can overlap the learners' update."""
-        return bool(self.rollouts.backend.concurrent)
+        return self.rollouts.concurrent
 
     def close(self) -> None:
         """Release everything, even when a learner died or raised: the actors, then the
@@ -44,11 +46,11 @@ class Workers:
             self.learners.close()
         finally:
             try:
-                for group in (self.rollouts, self.search):
+                for group in (self.rollouts.group, self.search):
                     if group is not None:
                         group.shutdown()
             finally:
-                self.rollouts.backend.close()
+                self.rollouts.group.backend.close()
 
 
 def start_workers(config: RLConfig, algorithm: Any) -> Workers:
@@ -80,7 +82,8 @@ def _start(config: RLConfig, algorithm: Any, backend: Backend, plan: PlacementPl
                     **learner.model_settings())
     learners = LearnerGroup(WorkerGroup(backend, [WorkerSpec(
         Learner, (config.policy.path, algorithm), {**settings, "rank": rank},
-        {"num_cpus": learner.cpus_per_learner, "num_gpus": learner.gpus_per_learner},
+        actor_resources(learner.cpus_per_learner, learner.gpus_per_learner,
+                        learner.ray_resources),
         plan.learners[rank]) for rank in range(learner.num_learners)], role="learner"))
     learners.join()
     sampling = SamplingConfig(max_turn_tokens=rollout.max_turn_tokens,
@@ -88,15 +91,17 @@ def _start(config: RLConfig, algorithm: Any, backend: Backend, plan: PlacementPl
     worker = partial(WorkerSpec, RolloutWorker, (
         config.policy.path, config.env.kwargs(), rollout.group_size, sampling,
         rollout.max_context_tokens, rollout.engine, config.policy.threads,
-        search.call_first("url") if search else None, dict(rollout.vllm_options),
+        search.call_first(SearchService.url) if search else None, dict(rollout.vllm_options),
         {"base_url": rollout.openai_url, "model": rollout.openai_model,
          "api_key_env": rollout.openai_api_key_env},
         backend.uses_gpu(rollout.gpus_per_worker)),
-        resources={"num_cpus": rollout.cpus_per_worker, "num_gpus": rollout.gpus_per_worker,
+        resources={**actor_resources(rollout.cpus_per_worker, rollout.gpus_per_worker,
+                                     rollout.ray_resources),
                    "max_restarts": 0,
                    # A straggler's `cancel` must run while its `rollout` runs.
                    **({"max_concurrency": 2} if rollout.completion_cutoff < 1 else {})})
-    rollouts = WorkerGroup(backend, [worker(bundle=bundle) for bundle in plan.rollouts],
-                           max_restarts=rollout.max_worker_restarts, role="rollout worker",
-                           restarts_field="rollout.max_worker_restarts")
+    rollouts = RolloutGroup(WorkerGroup(
+        backend, [worker(bundle=bundle) for bundle in plan.rollouts],
+        max_restarts=rollout.max_worker_restarts, role="rollout worker",
+        restarts_field="rollout.max_worker_restarts"))
     return Workers(learners, rollouts, search)

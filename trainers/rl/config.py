@@ -25,7 +25,8 @@ Defaults follow DR-Venus stage 2 (design.md "RL") where they make sense at any s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,6 @@ from trainers.config_utils import (
     help_field,
     load_yaml_config,
 )
-from trainers.rl.placement import placement_problems
 
 
 @dataclass
@@ -118,6 +118,11 @@ class RolloutConfig:
         1)
     cpus_per_worker: float = help_field("Ray CPUs reserved per rollout worker.", 1.0)
     gpus_per_worker: float = help_field("Ray GPUs per rollout worker (vLLM on a GPU: 1).", 0.0)
+    ray_resources: dict[str, float] = help_field(
+        "Custom Ray resources each rollout worker reserves, e.g. {rollout_node: 0.01} with "
+        "the rollout nodes started as `ray start --resources '{\"rollout_node\": 1}'`: "
+        "workers then start only on nodes that declare them (with run.placement each "
+        "bundle holds them too). {} = any node.", factory=dict)
 
 
 @dataclass
@@ -170,6 +175,10 @@ class LearnerConfig:
                                "the learners; needs num_learners >= 2).", "ddp")
     cpus_per_learner: float = help_field("Ray CPUs reserved per learner.", 1.0)
     gpus_per_learner: float = help_field("Ray GPUs per learner (1 for NCCL training).", 0.0)
+    ray_resources: dict[str, float] = help_field(
+        "Custom Ray resources each learner reserves, e.g. {learner_node: 0.01} to keep the "
+        "learners on the nodes started with `--resources '{\"learner_node\": 1}'` (see "
+        "rollout.ray_resources). {} = any node.", factory=dict)
     dtype: str = help_field("Parameter dtype of the trained weights: 'float32' (fp32 master "
                             "weights; engines cast them to their own dtype) or 'bfloat16' "
                             "(half the memory, but an lr 1e-6 step rounds away in bf16).",
@@ -371,6 +380,61 @@ class RLConfig:
     def _tis_cap(self) -> float | None:
         loss = getattr(self.algorithm.build().config, "loss", None)
         return getattr(loss, "tis_cap", None)
+
+
+# --- run.placement and custom resources (the layouts themselves: trainers.rl.placement) ------
+PLACEMENTS = ("none", "colocated", "split")
+# Ray's own resource names: CPUs and GPUs have their own fields, memory is not reserved here.
+RESERVED_RESOURCE_NAMES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def resource_problems(field: str, resources: Any) -> list[tuple[bool, str]]:
+    """(ok, message) checks of a `*.ray_resources` mapping: names Ray accepts as custom
+    resources, amounts that are positive numbers."""
+    if not isinstance(resources, Mapping):
+        return [(False, f"{field} must be a mapping of resource name to amount, e.g. "
+                        f"{{rollout_node: 0.01}}, got {type(resources).__name__}")]
+    problems = []
+    for name, amount in resources.items():
+        problems.append((isinstance(name, str) and bool(name.strip()),
+                         f"{field}: a resource name must be a non-empty string, got {name!r}"))
+        problems.append((name not in RESERVED_RESOURCE_NAMES,
+                         f"{field}: {name!r} is one of Ray's own resources; use "
+                         "cpus_per_* / gpus_per_* for CPUs and GPUs"))
+        number = isinstance(amount, int | float) and not isinstance(amount, bool)
+        problems.append((number and math.isfinite(amount) and amount > 0,
+                         f"{field}.{name} must be a number > 0, got {amount!r}"))
+    return problems
+
+
+def placement_problems(config: RLConfig) -> list[tuple[bool, str]]:
+    """(ok, message) checks of run.placement and the custom resources for
+    RLConfig.validate."""
+    placement = config.run.placement
+    placed = placement != "none"
+    learner, rollout = config.learner, config.rollout
+    custom = [field for field, value in (("learner.ray_resources", learner.ray_resources),
+                                         ("rollout.ray_resources", rollout.ray_resources))
+              if value]
+    return [
+        *resource_problems("learner.ray_resources", learner.ray_resources),
+        *resource_problems("rollout.ray_resources", rollout.ray_resources),
+        (not custom or config.run.use_ray,
+         f"{' and '.join(custom)} reserve Ray resources: they need run.use_ray: true"),
+        (placement in PLACEMENTS,
+         f"run.placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}"),
+        (not placed or config.run.use_ray,
+         f"run.placement {placement} places Ray actors: it needs run.use_ray: true (an "
+         "in-process run has no actors to place)"),
+        (not placed or learner.cpus_per_learner > 0 or learner.gpus_per_learner > 0,
+         f"run.placement {placement} gives every learner a bundle of what it reserves, and "
+         "Ray refuses an empty bundle: set learner.cpus_per_learner or "
+         "learner.gpus_per_learner > 0"),
+        (not placed or rollout.cpus_per_worker > 0 or rollout.gpus_per_worker > 0,
+         f"run.placement {placement} gives every rollout worker a bundle of what it "
+         "reserves, and Ray refuses an empty bundle: set rollout.cpus_per_worker or "
+         "rollout.gpus_per_worker > 0"),
+    ]
 
 
 def load_rl_config(path: str | Path, overrides: Sequence[str] = ()) -> RLConfig:

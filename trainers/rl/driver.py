@@ -4,7 +4,7 @@
 
     for step in steps:
         jobs       = step_jobs(seed, step, ...)         the next queries_per_step train tasks
-        results    = rollouts.map("rollout", jobs)      G environments per task, token in/out
+        results    = rollouts.rollout(jobs)             G environments per task, token in/out
         batch      = to_batch(results)                  the data currency (trainers.batch)
         batch      = learners.score(batch, answers)     old / reference log-probs + IG probes
         rewards    = algorithm.turn_rewards(batch)      per turn: IG, format, outcome (pure)
@@ -59,7 +59,7 @@ from typing import Any
 import torch
 
 from trainers.batch import RolloutBatch, collate, record_from_trajectory
-from trainers.distributed import WorkerDied, WorkerGroup
+from trainers.distributed import WorkerDied
 from trainers.evaluation.metrics import trajectory_stats
 from trainers.modeling.models import load_tokenizer
 from trainers.modeling.warm_start import write_policy_record
@@ -67,9 +67,11 @@ from trainers.rl.checkpoint import latest_rl_checkpoint, resume, save_checkpoint
 from trainers.rl.cluster import start_workers
 from trainers.rl.config import LearnerConfig, RLConfig, rl_config_to_dict
 from trainers.rl.held_out import EvalPolicy
+from trainers.rl.learner import EXTREME_METRICS
 from trainers.rl.learner_group import LearnerGroup
+from trainers.rl.rollout_group import GroupDone, RolloutGroup
 from trainers.rl.rollout_worker import RolloutJob, RolloutResult
-from trainers.rl.weight_sync import WeightSync
+from trainers.rl.weight_updates import WeightSync
 from trainers.run_log import MetricsLogger, dumps_json
 from trainers.trajectory import Trajectory
 
@@ -116,25 +118,18 @@ class StepRollouts:
     seconds: float
 
 
-def roll_out(rollouts: WorkerGroup, jobs: list[RolloutJob], cutoff: float,
-             on_group_done: Callable[[RolloutResult, WorkerGroup], None] | None = None,
-             groups_per_call: int = 1) -> StepRollouts:
+def roll_out(rollouts: RolloutGroup, jobs: list[RolloutJob], cutoff: float,
+             on_group_done: GroupDone | None = None, groups_per_call: int = 1
+             ) -> StepRollouts:
     """Every job's group, or (cutoff < 1) the first groups_needed(...) to finish: the others
     are cancelled between turns and dropped whole. groups_per_call > 1: a worker plays that
     many groups at once (RolloutWorker.rollout_many)."""
     started = time.perf_counter()
     if groups_per_call > 1:
-        def each_group(results: list[RolloutResult], group: WorkerGroup) -> None:
-            for result in results:
-                on_group_done(result, group)
-
         calls = [jobs[i:i + groups_per_call] for i in range(0, len(jobs), groups_per_call)]
-        kept = [result for results in rollouts.map(
-            "rollout_many", calls, each_group if on_group_done else None) for result in results]
+        kept = rollouts.rollout_many(calls, on_group_done)
         return StepRollouts(kept, 0, time.perf_counter() - started)
-    need = groups_needed(cutoff, len(jobs))
-    results = rollouts.map("rollout", jobs, on_group_done, need=need,
-                           cancel="cancel" if need < len(jobs) else None)
+    results = rollouts.rollout(jobs, on_group_done, need=groups_needed(cutoff, len(jobs)))
     kept = [result for result in results if result is not None]
     return StepRollouts(kept, len(jobs) - len(kept), time.perf_counter() - started)
 
@@ -145,13 +140,13 @@ class RolloutSchedule:
     off-policy). Overlap needs workers that run concurrently (Ray); in-process, step + 1's
     groups run right after step's, before its update."""
 
-    def __init__(self, rollouts: WorkerGroup, jobs_of: Callable[[int], list[RolloutJob]],
-                 cutoff: float, on_group_done: Callable[..., None] | None, ahead: bool,
-                 concurrent: bool, groups_per_call: int = 1):
+    def __init__(self, rollouts: RolloutGroup, jobs_of: Callable[[int], list[RolloutJob]], *,
+                 cutoff: float, on_group_done: GroupDone | None, ahead: bool,
+                 groups_per_call: int = 1):
         self.rollouts, self.jobs_of, self.cutoff = rollouts, jobs_of, cutoff
         self.groups_per_call = groups_per_call
         self.on_group_done, self.ahead = on_group_done, ahead
-        self._background = ThreadPoolExecutor(1) if ahead and concurrent else None
+        self._background = ThreadPoolExecutor(1) if ahead and rollouts.concurrent else None
         self._next: Future[StepRollouts] | StepRollouts | None = None
 
     def take(self, step: int) -> StepRollouts:
@@ -199,7 +194,8 @@ def ppo_update(learners: LearnerGroup, batch: RolloutBatch, config: LearnerConfi
                ) -> dict[str, float]:
     """ppo_epochs passes, each over `mini_batches` mini-batches of whole trajectories (in
     batch order, so the run is reproducible); each mini-batch is one optimizer step of the
-    learner group. Metrics are averaged over the optimizer steps."""
+    learner group. Metrics are averaged over the optimizer steps, except the extremes
+    (ratio_min / ratio_max), which stay the extremes of the whole step."""
     chunks = [rows for rows in (list(range(batch.batch_size))[i::config.mini_batches]
                                 for i in range(config.mini_batches)) if rows]
     totals: dict[str, float] = {}
@@ -207,9 +203,14 @@ def ppo_update(learners: LearnerGroup, batch: RolloutBatch, config: LearnerConfi
     for _ in range(config.ppo_epochs):
         for rows in chunks:
             for key, value in learners.update(batch.select(rows)).items():
-                totals[key] = totals.get(key, 0.0) + value
+                if key in EXTREME_METRICS:
+                    pick = min if key.endswith("_min") else max
+                    totals[key] = pick(totals.get(key, value), value)
+                else:
+                    totals[key] = totals.get(key, 0.0) + value
             count += 1
-    return {key: value / count for key, value in totals.items()}
+    return {key: value if key in EXTREME_METRICS else value / count
+            for key, value in totals.items()}
 
 
 def rollout_drift(batch: RolloutBatch) -> dict[str, float]:
@@ -243,7 +244,7 @@ class PhaseTimer:
 def step_metrics(config: RLConfig, rolled: StepRollouts, batch: RolloutBatch,
                  trajectories: list[Trajectory], advantage_metrics: dict[str, float],
                  update_metrics: dict[str, float], timer: PhaseTimer, lag: float,
-                 rollouts: WorkerGroup) -> dict[str, float]:
+                 rollouts: RolloutGroup) -> dict[str, float]:
     """Everything logged for one step."""
     seconds = timer.seconds
     generated = sum(r.stats.generated_tokens for r in rolled.results)
@@ -281,7 +282,7 @@ class RunResult:
 
 
 def train(config: RLConfig, *, stop_after: int | None = None,
-          on_group_done: Callable[[RolloutResult, WorkerGroup], None] | None = None,
+          on_group_done: GroupDone | None = None,
           keep_trajectories: bool = False) -> RunResult:
     """Run (or resume) the RL loop of `config`.
 
@@ -306,21 +307,22 @@ def train(config: RLConfig, *, stop_after: int | None = None,
         start_step = 0
         if config.run.resume:
             start_step, result.before = resume(learners, output_dir, config.run.resume)
-        sync = WeightSync(learners, rollouts, config.sync.method, config.sync.backend,
-                          config.sync.bucket_bytes, config.learner.gpus_per_learner > 0,
-                          config.rollout.sync_weights)
+        sync = WeightSync(learners, rollouts, method=config.sync.method,
+                          backend=config.sync.backend, bucket_bytes=config.sync.bucket_bytes,
+                          uses_gpus=config.learner.gpus_per_learner > 0,
+                          to_engines=config.rollout.sync_weights)
         sync.push(start_step)
         evaluator = EvalPolicy(config, sync.current())
         if start_step == 0 and config.eval.before:
             result.before = evaluator.evaluate(chat)
         end = config.run.steps if stop_after is None else min(config.run.steps,
                                                               start_step + stop_after)
-        num_tasks = train_task_count(rollouts.call_first("num_tasks"), config.run.train_tasks)
+        num_tasks = train_task_count(rollouts.num_tasks(), config.run.train_tasks)
         schedule = RolloutSchedule(
             rollouts, lambda step: step_jobs(config.run.seed, step,
                                              config.rollout.queries_per_step, num_tasks),
-            config.rollout.completion_cutoff, on_group_done, config.run.async_rollouts,
-            workers.concurrent, config.rollout.groups_per_call)
+            cutoff=config.rollout.completion_cutoff, on_group_done=on_group_done,
+            ahead=config.run.async_rollouts, groups_per_call=config.rollout.groups_per_call)
         with run_logger(config, output_dir, start_step) as logger:
             for step in range(start_step, end):
                 timer = PhaseTimer()
@@ -354,6 +356,8 @@ def train(config: RLConfig, *, stop_after: int | None = None,
                                        default=step))
                 metrics = step_metrics(config, rolled, batch, trajectories, advantages.metrics,
                                        update_metrics, timer, lag, rollouts)
+                if sync.push_bytes:
+                    metrics["sync_bytes"] = float(sync.push_bytes)
                 if config.eval.every and (step + 1) % config.eval.every == 0:
                     evaluator.load(sync.current())
                     metrics.update({f"eval/{k}": v for k, v in evaluator.evaluate(chat).items()})
@@ -374,7 +378,8 @@ def train(config: RLConfig, *, stop_after: int | None = None,
     except WorkerDied as error:
         if error.group is not learners.group:
             raise
-        raise RuntimeError(learner_died_message(str(error), output_dir)) from error
+        raise RuntimeError(learner_died_message(str(error), output_dir,
+                                                error.lost_node)) from error
     finally:
         if schedule is not None:
             schedule.close()
@@ -410,13 +415,16 @@ def finish(config: RLConfig, evaluator: EvalPolicy, result: RunResult, chat: Any
         {"before": result.before, "after": result.after}, indent=2))
 
 
-def learner_died_message(death: str, output_dir: Path) -> str:
-    """What a dead learner means and what to do (docs/failure_behaviour.md)."""
+def learner_died_message(death: str, output_dir: Path, lost_node: str | None = None) -> str:
+    """What a dead learner means and what to do (docs/failure_behaviour.md), on one line."""
     checkpoint = latest_rl_checkpoint(output_dir)
     where = (f"the last complete checkpoint is {checkpoint} (step "
              f"{int(checkpoint.name.split('-')[-1])}); rerun with run.resume: latest to "
              "continue from it" if checkpoint else
              f"{output_dir} has no complete checkpoint; rerun from the start")
+    if lost_node:
+        where += (" once the cluster again has a node for every learner (one that declares "
+                  "learner.ray_resources, if set)")
     return (f"{death}. The run stops: learners are joined by torch.distributed, so one "
             "cannot be replaced alone, and nothing was saved (the other learners may be "
             f"in the middle of an update, so their state is not a consistent one); {where}.")

@@ -2,8 +2,8 @@
 
 Verbs (trainers.rl.learner_group.LearnerGroup calls them on every learner):
 
-    Learner.logprobs_and_probe_scores(batch, answers)
-                                      -> old / ref log-probs and IG probe scores of its rows
+    Learner.score(batch, answers)     -> what the algorithm needs scored (Algorithm.score:
+                                         old log-probs, IGPO's probe scores) + ref log-probs
     Learner.update(batch, totals)     -> metrics        (one optimizer step, grads reduced)
     Learner.weights() / save(path) / load(path)
     Learner.join(address)                               (the torch.distributed group)
@@ -25,9 +25,9 @@ Precision and memory (learner.dtype, autocast, gradient_checkpointing)
   weights and cast them to their own dtype; accumulated updates then reach a bf16 engine.
 
 Where we deviate from DR-Venus / verl and why
-* The IG probe pass (trainers.algorithms.information_gain.score_batch) also yields the old
-  log-probs, so IGPO pays one fused forward per trajectory for both; other algorithms do a
-  plain forward for old log-probs.
+* What is scored before the rewards is the algorithm's (Algorithm.score): IGPO's probe pass
+  also yields the old log-probs, so IGPO pays one fused forward per trajectory for both;
+  other algorithms do a plain forward.
 * Update metrics are returned as this learner's share (loss diagnostics weighted by its
   share of the loss units) plus the values every rank shares (grad_norm, lr); the learner
   group merges them (trainers.rl.learner_group.merge_metrics).
@@ -48,8 +48,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainers.algorithms.information_gain import InformationGainConfig, score_batch
-from trainers.algorithms.probes import build_probe_template, build_probes, encode_text
+from trainers.algorithms.registry import PolicyScoring
 from trainers.batch import RolloutBatch
 from trainers.modeling.logprobs import PackedRow, policy_token_logprobs
 from trainers.modeling.lora import LoraSettings
@@ -191,13 +190,6 @@ class Learner:
         self.packing, self.micro_batch_tokens = packing, micro_batch_tokens
         self.updates = 0
         self._weight_sync: Any = None  # the weight-broadcast group (sync.method: broadcast)
-        self.probe_template = None
-        if algorithm.needs_probe_scores:
-            # The policy's turns open with the template's assistant header followed by
-            # "<think>\n" (the DR-Venus turn format); the probe continues exactly there.
-            self.probe_template = build_probe_template(
-                self.tokenizer, list(self.chat.generation_prompt_ids)
-                + encode_text(self.tokenizer, "<think>\n"), eos_token_id=self.chat.end_of_turn_id)
         if world_size > 1 and master:
             self.join(master)
 
@@ -205,7 +197,7 @@ class Learner:
     def rendezvous_address(self) -> str:
         """"host:port" on this learner's node for torch.distributed's TCP store (rank 0
         hosts it, so the address must be rank 0's node, not the driver's)."""
-        from trainers.distributed import free_address, node_address
+        from trainers.backends import free_address, node_address
 
         return free_address(node_address())
 
@@ -217,33 +209,25 @@ class Learner:
         if optimizer is not None:
             self.optimizer = optimizer
 
-    def logprobs_and_probe_scores(self, batch: RolloutBatch, answers: list[list[str]],
-                                  distractors: list[list[str]] | None = None
-                                  ) -> dict[str, torch.Tensor]:
-        """old_logprobs, ref_logprobs (if KL) and boundary_scores (if the algorithm probes)
-        for every row of `batch` (the learner group gives each learner a slice of rows).
-        distractors: per row, wrong answers for contrastive probe scores (or None)."""
-        out: dict[str, torch.Tensor] = {}
+    def score(self, batch: RolloutBatch, answers: list[list[str]],
+              distractors: list[list[str]] | None = None) -> dict[str, torch.Tensor]:
+        """What the algorithm needs scored for every row of `batch` (Algorithm.score:
+        old_logprobs, IGPO's boundary_scores), and ref_logprobs when there is a KL term
+        (the learner group gives each learner a slice of rows).
+        answers / distractors: per row, gold answers and wrong ones to probe (or None)."""
         with torch.no_grad():
-            if self.probe_template is not None:
-                probes = [build_probes(self.tokenizer, self.probe_template, gold)
-                          for gold in answers]
-                distractor_probes = None if distractors is None else [
-                    build_probes(self.tokenizer, self.probe_template, wrong)
-                    for wrong in distractors]
-                with self._autocast():
-                    scored = score_batch(self.scorer, batch, probes,
-                                         self.algorithm.probe_slots(batch),
-                                         InformationGainConfig(temperature=self.temperature),
-                                         distractors=distractor_probes)
-                out["boundary_scores"] = scored.boundary_scores
-                out["old_logprobs"] = scored.old_logprobs
-            else:
-                self.scorer.eval()  # as score_batch does: no dropout in the behaviour log-probs
-                out["old_logprobs"] = self._logprobs(self.scorer, batch, grad=False)[0]
+            self.scorer.eval()  # no dropout in the behaviour log-probs
+            out = dict(self.algorithm.score(self.scoring(), batch, answers, distractors))
             if self.reference is not None:
                 out["ref_logprobs"] = self._logprobs(self.reference, batch, grad=False)[0]
         return out
+
+    def scoring(self) -> PolicyScoring:
+        """The scoring module, its tokenizer and this learner's forward, for Algorithm.score."""
+        return PolicyScoring(
+            model=self.scorer, tokenizer=self.tokenizer, chat=self.chat,
+            temperature=self.temperature, autocast=self._autocast,
+            logprobs=lambda batch: self._logprobs(self.scorer, batch, grad=False)[0])
 
     def update(self, batch: RolloutBatch | None, totals: LossTotals) -> dict[str, float]:
         """One optimizer step on this learner's rows of a mini-batch (gradients summed over
@@ -297,7 +281,7 @@ class Learner:
 
     def weight_sync_address(self) -> str:
         """A free "host:port" on this learner's node for the weight-broadcast group's store."""
-        from trainers.distributed import free_address
+        from trainers.backends import free_address
 
         return free_address(self.rendezvous_address().rsplit(":", 1)[0])
 

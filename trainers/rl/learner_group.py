@@ -20,7 +20,7 @@ import torch
 
 from trainers.batch import RolloutBatch
 from trainers.distributed import WorkerGroup
-from trainers.rl.learner import LossTotals, merge_metrics, policy_rows
+from trainers.rl.learner import Learner, LossTotals, merge_metrics, policy_rows
 
 
 def deal_rows(batch_size: int, world_size: int) -> list[list[int]]:
@@ -30,7 +30,7 @@ def deal_rows(batch_size: int, world_size: int) -> list[list[int]]:
 
 def merge_scores(batch: RolloutBatch, shards: list[list[int]],
                  outputs: list[dict[str, torch.Tensor] | None]) -> RolloutBatch:
-    """The batch with every learner's scores (Learner.logprobs_and_probe_scores of its
+    """The batch with every learner's scores (Learner.score of its
     `shards` rows; None for a learner without rows) in place; unscored boundaries are NaN."""
     scored = [(rows, output) for rows, output in zip(shards, outputs) if output is not None]
     changes = {}
@@ -60,14 +60,14 @@ class LearnerGroup:
         address is used; every rank joins at once (init_process_group blocks until all
         have)."""
         if self.size > 1:
-            self.group.call("join", self.group.call_first("rendezvous_address"))
+            self.group.call(Learner.join, self.group.call_first(Learner.rendezvous_address))
 
     def score(self, batch: RolloutBatch, answers: list[list[str]],
               distractors: list[list[str]] | None = None) -> RolloutBatch:
         """Old / reference log-probs and probe scores of every row.
         distractors: per row, wrong answers for contrastive IG (Algorithm.probe_distractors)."""
         shards = deal_rows(batch.batch_size, self.size)
-        outputs = self.group.call_each("logprobs_and_probe_scores", [
+        outputs = self.group.call_each(Learner.score, [
             (batch.select(rows), [answers[i] for i in rows],
              None if distractors is None else [distractors[i] for i in rows])
             if rows else None for rows in shards])
@@ -77,28 +77,28 @@ class LearnerGroup:
         """One optimizer step on `mini` (its rows dealt over the learners) and its metrics.
         A learner without rows still joins the gradient reduction (batch None)."""
         totals = LossTotals(tokens=int(mini.loss_mask.sum()), sequences=policy_rows(mini))
-        outputs = self.group.call_each("update", [
+        outputs = self.group.call_each(Learner.update, [
             (mini.select(part) if part else None, totals)
             for part in deal_rows(mini.batch_size, self.size)])
         return merge_metrics(outputs)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return self.group.call_first("weights")
+        return self.group.call_first(Learner.weights)
 
     def save(self, directory: str | Path) -> None:
         """Every learner takes part (fsdp gathers its optimizer shards); rank 0 writes."""
-        self.group.call("save", str(directory))
+        self.group.call(Learner.save, str(directory))
 
     def load(self, directory: str | Path) -> int:
         """Every learner loads `directory`; returns the updates it holds."""
-        return self.group.call("load", str(directory))[0]
+        return self.group.call(Learner.load, str(directory))[0]
 
     def close(self) -> None:
         """Leave the process group, unless a call failed (then a learner may be stuck in a
         collective and `close` would queue behind it: the group is only shut down)."""
         try:
             if not self.group.broken:
-                self.group.call("close")
+                self.group.call(Learner.close)
         finally:
             self.group.shutdown()
 

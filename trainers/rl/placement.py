@@ -16,21 +16,22 @@ share. The layouts:
   many nodes as possible, so a lost node takes few of them). Each bundle holds its own
   share, so with whole GPUs no engine lands on a learner's GPU.
 
+Custom resources (`learner.ray_resources`, `rollout.ray_resources`, e.g. {learner_node:
+0.01}) go into each bundle and actor as well, so that learners and engines land only on the
+nodes that declare them (`ray start --resources ...`), in any layout.
+
 The shared search service reserves nothing and stays outside the groups. This module
-imports no Ray; trainers.distributed reserves the groups.
+imports no Ray; trainers.backends reserves the groups.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
-from trainers.distributed import Bundle, PlacementGroupSpec
-
-if TYPE_CHECKING:
-    from trainers.rl.config import RLConfig
-
-PLACEMENTS = ("none", "colocated", "split")
+from trainers.backends import Bundle, PlacementGroupSpec
+from trainers.rl.config import PLACEMENTS, RLConfig
 
 
 @dataclass(frozen=True)
@@ -48,17 +49,31 @@ def rollout_actor_count(config: RLConfig) -> int:
     return max(1, config.rollout.num_workers)
 
 
-def _bundle(cpus: float, gpus: float) -> dict[str, float]:
+def _bundle(cpus: float, gpus: float, custom: Mapping[str, float] | None = None
+            ) -> dict[str, float]:
     # Zero entries are dropped: a bundle lists only what it reserves.
-    return {name: float(value) for name, value in (("CPU", cpus), ("GPU", gpus)) if value > 0}
+    return {name: float(value) for name, value in (("CPU", cpus), ("GPU", gpus),
+                                                    *sorted((custom or {}).items()))
+            if value > 0}
+
+
+def actor_resources(cpus: float, gpus: float, custom: Mapping[str, float]
+                    ) -> dict[str, Any]:
+    """Ray actor options reserving what a learner or rollout worker's bundle holds."""
+    options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": gpus}
+    if custom:
+        options["resources"] = {name: float(value) for name, value in sorted(custom.items())}
+    return options
 
 
 def placement_plan(config: RLConfig) -> PlacementPlan:
     """The placement groups and bundles of `config.run.placement` (module docstring)."""
     learner, rollout = config.learner, config.rollout
     n_learners, n_engines = learner.num_learners, rollout_actor_count(config)
-    learner_bundle = _bundle(learner.cpus_per_learner, learner.gpus_per_learner)
-    engine_bundle = _bundle(rollout.cpus_per_worker, rollout.gpus_per_worker)
+    learner_bundle = _bundle(learner.cpus_per_learner, learner.gpus_per_learner,
+                             learner.ray_resources)
+    engine_bundle = _bundle(rollout.cpus_per_worker, rollout.gpus_per_worker,
+                            rollout.ray_resources)
     if config.run.placement == "none":
         return PlacementPlan((), (None,) * n_learners, (None,) * n_engines)
     if config.run.placement == "colocated":
@@ -76,25 +91,3 @@ def placement_plan(config: RLConfig) -> PlacementPlan:
             tuple(Bundle("engines", i) for i in range(n_engines)))
     raise ValueError(f"run.placement must be one of {', '.join(PLACEMENTS)}, "
                      f"got {config.run.placement!r}")
-
-
-def placement_problems(config: RLConfig) -> list[tuple[bool, str]]:
-    """(ok, message) checks of run.placement for RLConfig.validate."""
-    placement = config.run.placement
-    placed = placement != "none"
-    learner, rollout = config.learner, config.rollout
-    return [
-        (placement in PLACEMENTS,
-         f"run.placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}"),
-        (not placed or config.run.use_ray,
-         f"run.placement {placement} places Ray actors: it needs run.use_ray: true (an "
-         "in-process run has no actors to place)"),
-        (not placed or bool(_bundle(learner.cpus_per_learner, learner.gpus_per_learner)),
-         f"run.placement {placement} gives every learner a bundle of what it reserves, and "
-         "Ray refuses an empty bundle: set learner.cpus_per_learner or "
-         "learner.gpus_per_learner > 0"),
-        (not placed or bool(_bundle(rollout.cpus_per_worker, rollout.gpus_per_worker)),
-         f"run.placement {placement} gives every rollout worker a bundle of what it "
-         "reserves, and Ray refuses an empty bundle: set rollout.cpus_per_worker or "
-         "rollout.gpus_per_worker > 0"),
-    ]

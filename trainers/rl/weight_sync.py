@@ -1,5 +1,7 @@
 """Bucketed weight sync: learner rank 0 broadcasts the policy's weights to the rollout
-engines over a torch.distributed process group of its own (`sync.method: broadcast`).
+engines over a torch.distributed process group of its own (`sync.method: broadcast`). The
+collectives live here (learner and rollout worker call them); the driver's side, which
+starts them on both ends, is trainers.rl.weight_updates.
 
     plan = plan_buckets(state_dict, bucket_bytes=256 << 20)   # once: names, shapes, dtypes
     group = join_sync_group("10.0.0.1:29600", rank, world_size, "nccl")   # every member
@@ -172,117 +174,13 @@ def receive_buckets(group: Any, plan: SyncPlan, device: torch.device | str = "cp
     return {name: received[name] for name in plan.names}
 
 
-class BroadcastSync:
-    """The driver's side of `sync.method: broadcast`: learner rank 0 sends, every rollout
-    worker receives, in the same collective (trainers.rl.learner.Learner.broadcast_weights,
-    RolloutWorker.receive_weights).
-
-    The group is (re)built whenever the rollout workers changed (a replacement cannot join
-    a group of fixed size). A replacement started in the middle of a rollout phase gets its
-    first weights from learner rank 0 through the object store (the fallback path), then
-    joins the group at the next sync.
-    """
-
-    def __init__(self, learners: Any, rollouts: Any, bucket_bytes: int, backend: str):
-        self.learners, self.rollouts, self.backend = learners, rollouts, backend
-        self.plan: SyncPlan = learners.call_first("weight_sync_plan", bucket_bytes)
-        self.members: list[Any] | None = None
-        self.bytes_sent = 0
-
-    def _run(self, learner_call: tuple[Any, ...], worker_calls: list[tuple[Any, ...]]
-             ) -> list[Any]:
-        """learner rank 0's call and every worker's call at once; a dead worker is replaced
-        and reported as the error."""
-        runner = self.rollouts.backend
-        learner = self.learners.workers[0]
-        lead = runner.submit(learner, *learner_call)
-        futures = [(worker, runner.submit(worker, *call))
-                   for worker, call in zip(list(self.rollouts.workers), worker_calls)]
-        dead = []
-        for worker, future in futures:
-            try:
-                runner.get([future])
-            except runner.dead_errors:
-                dead.append(worker)
-        if dead:
-            try:  # the sender fails too (its peer is gone); wait for it before rebuilding
-                runner.get([lead])
-            except Exception:  # noqa: BLE001 - the dead worker is the error being handled
-                pass
-            for worker in dead:
-                self.rollouts.replace(worker)
-            raise _MembersChanged()
-        return runner.get([lead])
-
-    def _connect(self) -> None:
-        address = self.learners.call_first("weight_sync_address")
-        size = self.rollouts.size + 1
-        self._run(("join_weight_sync", address, 0, size, self.backend),
-                  [("join_weight_sync", address, rank + 1, size, self.backend)
-                   for rank in range(self.rollouts.size)])
-        self.members = list(self.rollouts.workers)
-
-    def send(self, version: int, attempts: int = 3) -> None:
-        """The learner's current weights into every engine, labelled `version`."""
-        for attempt in range(attempts):
-            try:
-                if self.members != self.rollouts.workers:
-                    self._connect()
-                sent = self._run(("broadcast_weights", self.plan, self.backend),
-                                 [("receive_weights", self.plan, version, self.backend)]
-                                 * self.rollouts.size)
-                self.bytes_sent += int(sent[0])
-                return
-            except _MembersChanged:
-                self.members = None
-                if attempt + 1 == attempts:
-                    raise RuntimeError("rollout workers kept dying during the weight "
-                                       f"broadcast ({attempts} attempts)") from None
-
-
-class _MembersChanged(Exception):
-    """A rollout worker died during a sync-group call: rebuild the group and try again."""
-
-
-class WeightSync:
-    """The learners' weights into the rollout engines after each update, as `sync.method`
-    says, and the latest weights for evaluation and saving.
-
-    object_store (default): learner rank 0's CPU weights go into the object store once and
-    every engine loads them; every replacement engine started later loads them first.
-    broadcast: the weights travel in buckets over a group of their own (BroadcastSync, with
-    `sync.backend` auto: NCCL when the learners hold GPUs, else gloo); a replacement
-    fetches them from learner rank 0 when it starts.
-    to_engines False (rollout.sync_weights: false, a served model as a fixed behaviour
-    policy): the engines are left alone.
-    """
-
-    def __init__(self, learners: Any, rollouts: Any, method: str = "object_store",
-                 backend: str = "auto", bucket_bytes: int = 256 << 20,
-                 uses_gpus: bool = False, to_engines: bool = True):
-        self.learners, self.rollouts, self.to_engines = learners, rollouts, to_engines
-        self.broadcast = None
-        if method == "broadcast":
-            if backend == "auto":
-                backend = "nccl" if uses_gpus else "gloo"
-            self.broadcast = BroadcastSync(learners.group, rollouts, bucket_bytes, backend)
-        self._weights: dict[str, torch.Tensor] | None = None
-
-    def push(self, version: int) -> None:
-        """The learners' current weights, labelled `version`, into every engine."""
-        if self.broadcast is not None:
-            self.broadcast.send(version)
-            learners, rollouts = self.learners, self.rollouts
-            rollouts.remember("set_weights", lambda: (rollouts.put(learners.weights()), version))
-            self._weights = None
-            return
-        self._weights = self.learners.weights()
-        if self.to_engines:
-            self.rollouts.call_sticky("set_weights", self.rollouts.put(self._weights), version)
-
-    def current(self) -> dict[str, torch.Tensor]:
-        """The weights of the last push (fetched from learner rank 0 when the broadcast
-        path kept none)."""
-        if self._weights is None:
-            self._weights = self.learners.weights()
-        return self._weights
+def state_bytes(state: Mapping[str, torch.Tensor]) -> int:
+    """Bytes of a state dict's tensors, tied (storage-sharing) tensors counted once: what
+    one copy of the weights weighs on the wire."""
+    seen, total = set(), 0
+    for tensor in state.values():
+        key = _storage_key(tensor)
+        if key not in seen:
+            seen.add(key)
+            total += tensor.numel() * tensor.element_size()
+    return total

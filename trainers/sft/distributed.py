@@ -8,7 +8,7 @@ single worker computes on the same global batch (tests/test_sft_distributed.py c
 
 Ray is only at the edge: the training loop is the same in-process code. If Ray is not
 initialised yet it is started with `num_cpus=num_workers` (on this project's 2-core machine:
-2 workers, 1 CPU each), or joined when RAY_ADDRESS is set (trainers.distributed.init_ray, through its worker groups);
+2 workers, 1 CPU each), or joined when RAY_ADDRESS is set (trainers.backends.init_ray, through its worker groups);
 set RAY_AUTH_MODE=disabled where Ray's token auth is not set up. The workers rendezvous on
 127.0.0.1, so they must share one node.
 
@@ -26,7 +26,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainers.distributed import WorkerGroup, WorkerSpec, backend_for, free_address
+from trainers.backends import WorkerSpec, backend_for, free_address
+from trainers.distributed import WorkerGroup
 from trainers.sft.config import SFTExperimentConfig, config_to_dict
 from trainers.sft.packing import SFTSample
 from trainers.sft.trainer import SFTTrainer, latest_checkpoint
@@ -83,7 +84,7 @@ def train_data_parallel(config: SFTExperimentConfig, model: torch.nn.Module,
     model_ref, samples_ref = group.put(model), group.put(samples)
     address = free_address()
     try:
-        results = group.call_each("run", [
+        results = group.call_each(SFTWorker.run, [
             (rank, workers, address, config, model_ref, samples_ref, pad_id, max_steps,
              threads, save_at_end) for rank in range(workers)])
     finally:

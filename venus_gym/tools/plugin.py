@@ -31,8 +31,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from venus_gym import protocol
-from venus_gym.protocol import register_tool_schema
+from venus_gym.tool_schemas import register_tool_schema, unregister_tool_schema
 
 from .base import CacheMissError
 from .toolbox import ToolOutcome
@@ -131,9 +130,7 @@ def release_tool(tool: Tool) -> None:
             _SCHEMA_USERS[tool.name] = users
         elif users == 0:
             del _SCHEMA_USERS[tool.name]
-            # protocol has no public way to unregister; the registry is a plain dict.
-            if protocol._PLUGIN_SCHEMAS.get(tool.name) == tool.schema:
-                del protocol._PLUGIN_SCHEMAS[tool.name]
+            unregister_tool_schema(tool.name, tool.schema)
     close = getattr(tool, "close", None)
     if callable(close):
         close()
