@@ -21,6 +21,20 @@ if torch is not None:
     torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="module")
+def single_thread():
+    """One torch thread for a module whose code sets its own (a Learner's `threads`): tiny
+    forwards are dominated by thread synchronisation on a shared 2-core machine. Use it
+    with `pytestmark = pytest.mark.usefixtures("single_thread")`."""
+    if torch is None:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 # The RL tests' world and policy: a random tiny model whose tokenizer knows that world.
 RL_TEST_WORLD = {"world_size": 300, "world_seed": 3}
 

@@ -25,14 +25,7 @@ from trainers.batch import collate
 from trainers.modeling.logprobs import shifted_token_logprobs
 from trainers.modeling.models import tiny_causal_lm
 
-
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    """Tiny forwards are dominated by thread synchronisation on a shared 2-core machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 # --- a toy algorithm, added exactly as docs/algorithms.md describes -------------------

@@ -26,17 +26,8 @@ from trainers.modeling.models import tiny_causal_lm
 
 VOCAB = 300
 TOLERANCE = 1e-4
-pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    """Tiny forwards are dominated by thread synchronisation; on a shared 2-core machine
-    two threads made these tests ~10x slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = [pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
+              pytest.mark.usefixtures("single_thread")]
 
 
 @pytest.fixture(scope="module")

@@ -19,12 +19,7 @@ from trainers.rl.learner import Learner, LossTotals, policy_rows
 pytest.importorskip("peft")  # the `lora` extra; `make test` installs it
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

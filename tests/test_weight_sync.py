@@ -91,3 +91,29 @@ def test_state_dict_broadcast_over_gloo_arrives_bit_for_bit(tmp_path):
     assert sent < sum(t.numel() * t.element_size() for t in state.values())
     assert received["lm_head.weight"].data_ptr() == received["model.embed_tokens.weight"
                                                              ].data_ptr()
+
+
+def test_the_engines_get_tied_weights_once():
+    """The learner's CPU copy of its weights (what the object store gets) keeps tied input
+    and output embeddings as one tensor, so a push weighs 4 bytes a parameter in fp32, not
+    4 more bytes per tied entry; the engine-side load still fills both names."""
+    import pickle
+
+    from trainers.modeling.models import build_tiny_causal_lm, cpu_state_copy, tiny_tokenizer
+    from trainers.rl.strategy import DataParallel
+    from trainers.rl.weight_sync import state_bytes
+
+    model = build_tiny_causal_lm(tiny_tokenizer(300), hidden=32, layers=1)
+    assert model.config.tie_word_embeddings
+    parameters = sum(p.numel() for p in model.parameters())  # tied: counted once
+    weights = DataParallel(1).weights(model)
+    assert weights["lm_head.weight"] is weights["model.embed_tokens.weight"]
+    assert state_bytes(weights) == 4 * parameters
+    naive = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    assert state_bytes(naive) > state_bytes(weights)
+    assert len(pickle.dumps(weights)) < len(pickle.dumps(naive))
+    copy = build_tiny_causal_lm(tiny_tokenizer(300), hidden=32, layers=1, seed=1)
+    copy.load_state_dict(weights)
+    assert all(torch.equal(a, b) for a, b in zip(copy.state_dict().values(),
+                                                 model.state_dict().values()))
+    assert cpu_state_copy({"a": torch.ones(2)})["a"].device.type == "cpu"

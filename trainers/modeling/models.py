@@ -380,6 +380,21 @@ def load_smollm2(dtype: torch.dtype = torch.float32, tokenizer_only: bool = Fals
 
 
 # --- any local checkpoint -----------------------------------------------------------------
+def cpu_state_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Detached CPU copies of a state dict's tensors; names whose tensors share storage (tied
+    input and output embeddings) share one copy, so the copy is no larger than the model and
+    is sent (pickled, put into Ray's object store) once."""
+    copies: dict[tuple[Any, ...], torch.Tensor] = {}
+    out = {}
+    for name, tensor in state.items():
+        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
+               tuple(tensor.shape), tensor.stride(), tensor.dtype)
+        if key not in copies:
+            copies[key] = tensor.detach().cpu().clone()
+        out[name] = copies[key]
+    return out
+
+
 def resolve_dtype(name: str) -> torch.dtype:
     """The torch dtype a config names ('float32', 'bfloat16' or 'float16')."""
     if name not in DTYPES:

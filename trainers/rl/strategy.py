@@ -40,7 +40,7 @@ import transformers
 
 from trainers.distributed import all_reduce_gradients
 from trainers.modeling.lora import LoraSettings, apply_lora, merged_state_dict
-from trainers.modeling.models import BOOLEAN_LOGITS_TO_KEEP
+from trainers.modeling.models import BOOLEAN_LOGITS_TO_KEEP, cpu_state_copy
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -86,7 +86,7 @@ class DataParallel:
     def weights(self, scorer: Any, to_cpu: bool = True) -> dict[str, torch.Tensor]:
         """The policy's weights for the engines (on the CPU: copies; else where they live)."""
         if to_cpu:
-            return {name: t.detach().cpu().clone() for name, t in scorer.state_dict().items()}
+            return cpu_state_copy(scorer.state_dict())  # tied weights stay one tensor
         return {name: t.detach() for name, t in scorer.state_dict().items()}
 
     def checkpoint(self, model: Any, scorer: Any, optimizer: Any) -> tuple[Any, Any]:
