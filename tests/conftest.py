@@ -96,3 +96,10 @@ def openenv_server():
     yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     server.should_exit = True
     thread.join(10)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The simulated multi-node Ray clusters (tests/test_ray_multinode.py) run after every
+    other test: they start and remove whole raylets, and nothing else should share the
+    machine's Ray state with them."""
+    items.sort(key=lambda item: item.nodeid.startswith("tests/test_ray_multinode.py"))
