@@ -33,12 +33,6 @@ class Workers:
     rollouts: RolloutGroup
     search: WorkerGroup | None = None
 
-    @property
-    def concurrent(self) -> bool:
-        """Whether calls on different groups run at the same time (Ray), so that rollouts
-        can overlap the learners' update."""
-        return self.rollouts.concurrent
-
     def close(self) -> None:
         """Release everything, even when a learner died or raised: the actors, then the
         placement groups they ran in."""

@@ -86,9 +86,6 @@ class RolloutGroup:
         group = self.group
         group.remember(RolloutWorker.set_weights, lambda: (group.put(weights_of()), version))
 
-    def shutdown(self) -> None:
-        self.group.shutdown()
-
     def placements(self) -> list[Any]:
         """Where each live worker runs (trainers.backends.Placement), in worker order."""
         return self.group.placements()
