@@ -5,6 +5,7 @@ hand-off dominates their matmuls), and one thread keeps CPU results reproducible
 """
 
 import os
+import sys
 
 import pytest
 
@@ -103,3 +104,27 @@ def pytest_collection_modifyitems(config, items):
     other test: they start and remove whole raylets, and nothing else should share the
     machine's Ray state with them."""
     items.sort(key=lambda item: item.nodeid.startswith("tests/test_ray_multinode.py"))
+
+
+# Tests that start Ray carry the `ray` mark: `make test` runs the others on two pytest-xdist
+# workers, then these alone. Ray's worker processes run at nice 15, so beside a busy pytest
+# worker they starve (minutes per test). A test that starts Ray without the mark fails here.
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    item.ray_was_up = _ray_is_up()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    if not getattr(item, "ray_was_up", True) and _ray_is_up() and \
+            item.get_closest_marker("ray") is None:
+        pytest.fail("this test started Ray: mark it @pytest.mark.ray (make test runs Ray "
+                    "tests after the rest, one at a time)", pytrace=False)
+    return result
+
+
+def _ray_is_up() -> bool:
+    ray = sys.modules.get("ray")  # never import Ray here: most tests do not need it
+    return ray is not None and hasattr(ray, "is_initialized") and ray.is_initialized()

@@ -45,7 +45,7 @@ from trainers.rl.cluster import start_workers
 from trainers.rl.config import RLConfig, rl_config_to_dict
 from trainers.rl.learner import Learner
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 ROOT = Path(__file__).resolve().parents[1]
 LEARNER_NODE = {"num_cpus": 1, "resources": {"learner_node": 1}}
 ROLLOUT_NODE = {"num_cpus": 1, "resources": {"rollout_node": 1}}

@@ -134,6 +134,7 @@ def test_in_process_run_restarted_from_its_checkpoint_matches_the_uninterrupted_
     assert list((tmp_path / "restart" / "samples").glob("step-*.jsonl"))
 
 
+@pytest.mark.ray
 def test_ray_two_learners_shared_search_and_a_killed_rollout_worker(tmp_path, policy_dir):
     """On Ray: 2 learners (gloo), 2 rollout workers, one shared search actor. A rollout
     worker is killed while groups are in flight; the step still has every group exactly
@@ -210,6 +211,7 @@ def test_policy_token_logprobs_match_the_full_softmax_on_policy_tokens(
     assert (logprobs[~mask] == 0).all() and (entropy[~mask] == 0).all()
 
 
+@pytest.mark.ray
 def test_ray_fsdp_learners_match_one_learner_and_resume_exactly(tmp_path, policy_dir):
     """learner.strategy fsdp: 2 FSDP2 learners (gloo) shard the model and AdamW state. With
     3 trajectories of 1 per micro-batch one learner has a micro-batch more than the other

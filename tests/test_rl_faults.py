@@ -174,6 +174,7 @@ def on_ray(config: RLConfig, learners: int = 1) -> RLConfig:
     return config
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_ray_driver_killed_during_a_checkpoint_resumes_through_ray_address(
         tmp_path, policy_dir, uninterrupted, ray_cluster, monkeypatch):
@@ -199,6 +200,7 @@ def test_ray_driver_killed_during_a_checkpoint_resumes_through_ray_address(
     assert_same_run(result, output, uninterrupted)
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_ray_learner_killed_mid_update_stops_the_run_naming_it_and_the_checkpoint(
         tmp_path, policy_dir, ray_cluster, monkeypatch):

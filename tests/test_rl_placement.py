@@ -100,6 +100,7 @@ def test_custom_resources_need_ray_and_reach_bundles_and_actors(tmp_path, policy
         config.validate()
 
 
+@pytest.mark.ray
 def test_plans_give_each_learner_and_engine_its_own_bundle(tmp_path, policy_dir):
     config = placed_config(policy_dir, tmp_path, "colocated")
     config.learner.num_learners, config.learner.gpus_per_learner = 2, 0.5
@@ -141,6 +142,7 @@ def group_state(ray, group_id: str) -> tuple[str, str]:
 @pytest.mark.parametrize("placement, learner_group, engine_group, strategies", [
     ("colocated", "colocated", "colocated", {"colocated": "STRICT_PACK"}),
     ("split", "learners", "engines", {"learners": "PACK", "engines": "SPREAD"})])
+@pytest.mark.ray
 def test_actors_run_in_their_bundles_and_the_step_completes(
         tmp_path, policy_dir, local_ray, monkeypatch, placement, learner_group, engine_group,
         strategies):
@@ -168,6 +170,7 @@ def test_actors_run_in_their_bundles_and_the_step_completes(
     assert {group_state(local_ray, gid)[1] for gid in groups.values()} == {"REMOVED"}
 
 
+@pytest.mark.ray
 def test_a_replacement_starts_in_the_dead_workers_bundle(local_ray):
     backend = RayActors(placement=[PlacementGroupSpec("pair", ({"CPU": 0.25},) * 2, "PACK")])
     try:
@@ -187,6 +190,7 @@ def test_a_replacement_starts_in_the_dead_workers_bundle(local_ray):
     assert group_state(local_ray, pair)[1] == "REMOVED"
 
 
+@pytest.mark.ray
 def test_a_layout_the_cluster_cannot_hold_fails_with_its_reason(local_ray):
     from ray.util.placement_group import placement_group_table
 

@@ -110,6 +110,7 @@ def test_async_rollouts_lose_no_group_and_correct_towards_the_generating_policy(
     assert run.history[1]["tis_weight_mean"] == pytest.approx(float(expected), abs=1e-5)
 
 
+@pytest.mark.ray
 def test_ray_bucketed_broadcast_sync_equals_the_object_store_path(tmp_path, policy_dir):
     """Two rollout workers on Ray receive the weights over gloo in 16 KiB buckets: every
     step's trajectories and the final weights equal the in-process run's."""

@@ -25,7 +25,7 @@ from trainers.integrations.rllib_env import (  # noqa: E402
 
 ENV = {"world_size": 100, "world_seed": 1, "max_turns": 2, "tool_timeout_s": 5.0}
 TURN_TOKENS, CONTEXT = 12, 2048
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
 
 

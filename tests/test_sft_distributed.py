@@ -14,6 +14,7 @@ from trainers.sft.packing import SFTSample
 from trainers.sft.trainer import SFTTrainer
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
