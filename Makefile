@@ -38,10 +38,12 @@ demo: $(STAMP)
 # The suite in two passes, every test in one of them: the tests that do not start Ray on two
 # pytest-xdist workers (a module per worker at a time), then the `ray`-marked ones alone (Ray's
 # worker processes run at nice 15 and starve beside a busy pytest worker). Each pass lists
-# the other's tests as "deselected". `pytest` alone runs everything in one process.
+# the other's tests as "deselected"; the second pass runs even when the first failed, and
+# the target fails if either did. `pytest` alone runs everything in one process.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not ray"
-	$(BIN)/python -m pytest -q -m ray
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not ray"; first=$$?; \
+	$(BIN)/python -m pytest -q -m ray; second=$$?; \
+	[ $$first -eq 0 ] && [ $$second -eq 0 ]
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
