@@ -23,8 +23,8 @@ from trainers.engines.base import Engine, GenerationRequest, GenerationResult
 from trainers.engines.scripted import chatml_user_messages
 from trainers.evaluation.evaluate import Evaluation
 from trainers.evaluation.evaluate import evaluate as evaluate_engine
-from trainers.evaluation.metrics import trajectory_stats
-from trainers.evaluation.training_report import write_report
+from trainers.evaluation.metrics import question_spread, trajectory_stats
+from trainers.evaluation.training_report import standard_error_band, write_report
 from trainers.modeling.models import build_chatml_tokenizer
 from trainers.modeling.tokenization import ChatTokenizer
 from trainers.run_log import MetricsLogger, read_metrics
@@ -130,6 +130,39 @@ def test_trajectory_stats_nan_on_an_empty_side(batch: list[Trajectory]) -> None:
     assert math.isnan(trajectory_stats([batch[2]])["mean_tokens"])
     with pytest.raises(ValueError, match="at least one trajectory"):
         trajectory_stats([])
+
+
+def test_question_spread_is_the_standard_error_over_the_steps_questions(
+        batch: list[Trajectory]) -> None:
+    # Two questions: "p" holds a and b (accuracy 0.5, answered 2/2, 1 invalid of 7 turns),
+    # "q" holds c and d (accuracy 0.25, answered 1/2, 2 invalid of 5 turns).
+    for trajectory, task in zip(batch, "ppqq"):
+        trajectory.task_id = task
+    spread = question_spread(batch)
+    # Two values x, y: the SE of their mean is |x - y| / 2.
+    assert spread == pytest.approx({"accuracy_se": (0.5 - 0.25) / 2,
+                                    "answer_rate_se": (1 - 0.5) / 2,
+                                    "format_error_rate_se": (2 / 5 - 1 / 7) / 2})
+    for trajectory, task in zip(batch, "pqrs"):  # four questions, one trajectory each
+        trajectory.task_id = task
+    outcomes = [1.0, 0.0, 0.0, 0.5]
+    mean = sum(outcomes) / 4
+    sd = math.sqrt(sum((o - mean) ** 2 for o in outcomes) / 3)
+    assert question_spread(batch)["accuracy_se"] == pytest.approx(sd / 2)
+    for trajectory in batch:  # one question: no spread to measure
+        trajectory.task_id = "p"
+    assert all(math.isnan(value) for value in question_spread(batch).values())
+
+
+def test_curves_band_only_the_steps_that_logged_a_standard_error() -> None:
+    rows = [{"step": 0, "accuracy": 0.5, "accuracy_se": 0.1},
+            {"step": 1, "accuracy": 0.25},                       # no SE: no band there
+            {"step": 2, "accuracy": 0.75, "accuracy_se": math.nan},
+            {"step": 3, "accuracy": 0.5, "accuracy_se": 0.2, "kl": 0.1}]
+    steps, low, high = standard_error_band(rows, "accuracy")
+    assert steps == [0, 3]
+    assert low == pytest.approx([0.4, 0.3]) and high == pytest.approx([0.6, 0.7])
+    assert standard_error_band(rows, "kl") is None
 
 
 # --- MetricsLogger -------------------------------------------------------------------------

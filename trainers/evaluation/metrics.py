@@ -1,6 +1,7 @@
 """Statistics of finished episodes, shared by training logs and evaluation.
 
     stats = trajectory_stats(trajectories)   # accuracy, format errors, browse ratio, ...
+    spread = question_spread(trajectories)   # their standard errors over the questions
 
 The browse ratio follows DR-Venus: trajectories that end correct browse (visit pages) more
 than wrong ones, and RL raises the browse ratio, so it is reported over all trajectories and
@@ -73,6 +74,31 @@ def trajectory_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "num_wrong": float(len(wrong)),
         "mean_tokens": _mean(token_counts),
     }
+
+
+def question_spread(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Standard errors of a training step's accuracy, answer rate and format-error rate over
+    the questions it drew: `accuracy_se`, `answer_rate_se`, `format_error_rate_se`.
+
+    Each is the standard deviation of the per-question values (a question's trajectories
+    pooled, as trajectory_stats pools a step's) over sqrt(number of questions), so a step
+    that drew easy questions reads as noise on the curves rather than as a trend. The
+    questions are the trajectories' task_ids; NaN with fewer than two of them.
+    """
+    by_task: dict[str, list[Trajectory]] = {}
+    for trajectory in trajectories:
+        by_task.setdefault(trajectory.task_id, []).append(trajectory)
+    per_question = [trajectory_stats(group) for group in by_task.values()]
+    return {f"{key}_se": _standard_error([row[key] for row in per_question])
+            for key in ("accuracy", "answer_rate", "format_error_rate")}
+
+
+def _standard_error(values: Sequence[float]) -> float:
+    n = len(values)
+    if n < 2:
+        return math.nan
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 def outcome(trajectory: Trajectory) -> float:

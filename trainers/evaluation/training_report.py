@@ -10,7 +10,8 @@ writes into the output directory
                  metrics, the curves, and the config
     report.json  the same numbers (NaN as null)
     curves.png   one subplot per training metric present in metrics.jsonl, among
-                 CURVE_KEYS, against the step
+                 CURVE_KEYS, against the step; a metric logged with its standard error
+                 over the step's questions (`accuracy_se`, ...) gets a ± 1 SE band
 
 Where we deviate from DR-Venus and why
 * The browse ratio is shown for correct and wrong trajectories separately, as DR-Venus
@@ -156,6 +157,11 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | Path, *,
         steps, values = [p[0] for p in points], [p[1] for p in points]
         axes.plot(steps, values, linewidth=1, alpha=0.5 if len(points) > _SMOOTH_AFTER else 1,
                   marker="o" if len(points) <= _SMOOTH_AFTER else None, markersize=3)
+        band = standard_error_band(rows, key)
+        if band is not None:
+            axes.fill_between(*band, alpha=0.2, linewidth=0,
+                              label="± 1 SE over the step's questions")
+            axes.legend(loc="best", fontsize="small")
         if len(points) > _SMOOTH_AFTER:
             window = max(2, len(points) // 20)
             smooth = [sum(values[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1))
@@ -168,6 +174,19 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | Path, *,
         axes.grid(True, alpha=0.3)
     figure.savefig(path, dpi=100)
     return present
+
+
+def standard_error_band(rows: Sequence[Mapping[str, Any]], key: str
+                        ) -> tuple[list[int], list[float], list[float]] | None:
+    """(steps, value - SE, value + SE) for the steps where `key` and `{key}_se` (logged by
+    the RL driver: trainers.evaluation.metrics.question_spread) are both finite; None when
+    no step has both."""
+    points = [(row["step"], float(row[key]), float(row[f"{key}_se"])) for row in rows
+              if _finite(row.get(key)) and _finite(row.get(f"{key}_se"))]
+    if not points:
+        return None
+    return ([step for step, _, _ in points], [value - se for _, value, se in points],
+            [value + se for _, value, se in points])
 
 
 def _comparison(before: Mapping[str, Any], after: Mapping[str, Any]

@@ -60,7 +60,7 @@ import torch
 
 from trainers.batch import RolloutBatch, collate, record_from_trajectory
 from trainers.distributed import WorkerDied
-from trainers.evaluation.metrics import trajectory_stats
+from trainers.evaluation.metrics import question_spread, trajectory_stats
 from trainers.modeling.models import load_tokenizer
 from trainers.modeling.warm_start import write_policy_record
 from trainers.rl.checkpoint import latest_rl_checkpoint, resume, save_checkpoint
@@ -249,6 +249,7 @@ def step_metrics(config: RLConfig, rolled: StepRollouts, batch: RolloutBatch,
     seconds = timer.seconds
     generated = sum(r.stats.generated_tokens for r in rolled.results)
     metrics = {**update_metrics, **trajectory_stats(trajectories),
+               **question_spread(trajectories),
                "reward": float(batch.outcome.mean()), **advantage_metrics,
                **rollout_drift(batch), "rollout_s": seconds["rollout_s"],
                "score_s": seconds["score_s"], "update_s": seconds["update_s"],
