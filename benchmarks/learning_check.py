@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", nargs="+", default=["igpo", "placebo"],
                         help="igpo, placebo, grpo (grpo: outcome-only advantages, the same loss)")
     parser.add_argument("--lr", type=float, default=None, help="learning rate (config: learner.lr)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="rollout and evaluation temperature (config: rollout.temperature)")
     parser.add_argument("--groups-per-call", type=int, default=8,
                         help="tasks played at once in the evaluation (shared engine calls)")
     parser.add_argument("--validation-world", type=int, default=45,
@@ -90,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         base.run = dataclasses.replace(base.run, steps=args.steps)
     if args.lr is not None:
         base.learner = dataclasses.replace(base.learner, lr=args.lr)
+    if args.temperature is not None:
+        base.rollout = dataclasses.replace(base.rollout, temperature=args.temperature)
     base.run = dataclasses.replace(base.run, seed=args.seed)
     base.eval = dataclasses.replace(base.eval, before=False, after=False)
     info = warm_start_info(base.policy.path)
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     output.mkdir(parents=True, exist_ok=True)
     print(f"start: {base.policy.path}; {', '.join(args.arms)}: {base.run.steps} steps x "
           f"{base.rollout.queries_per_step} queries x G={base.rollout.group_size}, lr "
-          f"{base.learner.lr}, seed {args.seed}", flush=True)
+          f"{base.learner.lr}, temperature {base.rollout.temperature}, seed {args.seed}", flush=True)
 
     finals, seconds, histories = train_arms(base, args.arms, args.seed, output)
     env = base.env.kwargs()
@@ -132,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     (output / "results.md").write_text(text)
     (output / "results.json").write_text(json.dumps({
         "seed": args.seed, "steps": base.run.steps, "lr": base.learner.lr, "k": args.k,
+        "temperature": base.rollout.temperature,
         "tasks": tasks, "tables": {t: {m: d.as_dict() for m, d in table.items()}
                                    for t, table in tables.items()},
         "history": histories, "seconds": seconds}, indent=2, default=str))
