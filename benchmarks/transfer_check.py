@@ -4,8 +4,8 @@
         placebo=runs/fit/seed1/placebo/final          # the fit check's policies, held out
 
 Every policy named NAME=DIR and the start (--start, default the config's policy.path) play
-the same test-split tasks of the config's world (--num-tasks, 0 = all) k times at
-temperature 1.0 under the same sampling seeds (trainers.evaluation.paired), with the
+the same test-split tasks of the config's world (--num-tasks, 0 = all) k times at the
+config's rollout temperature (or --temperature) under the same sampling seeds (trainers.evaluation.paired), with the
 config's env settings; each policy is compared with the start (and with `placebo`, when one
 is named so), with task-clustered paired SEs. Use it to ask whether what RL fitted on its
 training questions (benchmarks/fit_check.py) carries over to questions it never saw.
@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the sampling seed")
     parser.add_argument("--groups-per-call", type=int, default=8,
                         help="tasks played at once (shared engine calls)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="sampling temperature (default: the config's rollout.temperature)")
     args = parser.parse_args(argv)
     policies = parse_policies(args.policies)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -55,10 +57,12 @@ def main(argv: list[str] | None = None) -> int:
 
     base = load_rl_config(args.config)
     start = args.start or base.policy.path
+    temperature = base.rollout.temperature if args.temperature is None else args.temperature
+    print(f"{', '.join(['start', *policies])} at temperature {temperature}, k={args.k}")
     held_out = [HeldOut(f"world {base.env.world_seed} test", base.env.kwargs(), "test",
                         args.num_tasks)]
     runs = paired_evaluate({"start": start, **policies}, held_out, k=args.k, seed=args.seed,
-                           temperature=1.0, max_turn_tokens=base.rollout.max_turn_tokens,
+                           temperature=temperature, max_turn_tokens=base.rollout.max_turn_tokens,
                            max_context_tokens=base.rollout.max_context_tokens,
                            threads=base.policy.threads, groups_per_call=args.groups_per_call)
     results = []

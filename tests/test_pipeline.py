@@ -1,7 +1,7 @@
 """The main job (trainers.pipeline, `venus-gym demo`) end to end at toy size: every stage
-writes its artefact, RL starts from the packaged warm start, and the report compares the
-start with the RL policy on paired held-out tasks. Also: every shipped RL config loads and
-validates."""
+writes its artefact, SFT continues the packaged warm start and RL the SFT policy (or, after
+SFT from scratch, RL starts from the warm start), and the report compares the policies on
+paired held-out tasks. Also: every shipped RL config loads and validates."""
 
 from __future__ import annotations
 
@@ -64,11 +64,17 @@ def test_the_default_configs_are_package_data_named_by_their_command():
     assert load_config(DEFAULT_SFT_CONFIG).data.num_episodes > 0
 
 
-def _small_configs():
+def _small_configs(from_scratch: bool = False):
+    """The demo's configs at toy size. The default SFT stage continues the packaged warm
+    start; `from_scratch` trains a tiny model from nothing instead (with its own tokenizer)."""
     sft = load_config(DEFAULT_SFT_CONFIG)
     sft.env = dataclasses.replace(sft.env, world_size=300, world_seed=3, hops=(1,))
-    sft.model = dataclasses.replace(sft.model, vocab_size=1024, hidden=64, layers=2, heads=2)
-    sft.data = dataclasses.replace(sft.data, num_episodes=12, max_seq_len=4096)
+    sft.data = dataclasses.replace(sft.data, num_episodes=12, max_seq_len=4096,
+                                   world_seeds=(37,))
+    if from_scratch:
+        sft.model = dataclasses.replace(sft.model, name="tiny", tokenizer="world",
+                                        vocab_size=1024, hidden=64, layers=2, heads=2)
+        sft.data = dataclasses.replace(sft.data, world_seeds=())
     sft.train = dataclasses.replace(sft.train, max_steps=3, save_every=0, log_every=1,
                                     progress_bar=False, threads_per_worker=1)
     rl = load_rl_config(DEFAULT_RL_CONFIG)
@@ -78,6 +84,7 @@ def _small_configs():
                                      max_turn_tokens=24, max_context_tokens=2048)
     rl.run = dataclasses.replace(rl.run, steps=1, progress_bar=False, tensorboard="off")
     rl.eval = dataclasses.replace(rl.eval, num_tasks=2, max_turn_tokens=24)
+    rl.learner = dataclasses.replace(rl.learner, lr=0.0)
     return sft, rl
 
 
@@ -86,12 +93,48 @@ def _same(a: dict, b: dict) -> bool:
                                         for k in a)
 
 
-def test_pipeline_runs_every_stage_and_rl_starts_from_the_packaged_warm_start(tmp_path):
+def test_the_demo_continues_the_warm_start_with_sft_then_rl_continues_the_sft_policy(tmp_path):
+    """SFT continues `warm-start` on oracle episodes of its own worlds (not the RL world) and
+    changes it; RL starts from the SFT policy (at lr 0 its final weights are the SFT
+    stage's) with the SFT stage's env settings; the report plays all three policies on the
+    same tasks and gives what each stage changed."""
+    sft, rl = _small_configs()
+    assert sft.model.name == WARM_START and rl.policy.path == WARM_START
+
+    result = run_pipeline(sft, rl, tmp_path, log=False, eval_samples=2)
+
+    data = read_trajectories(tmp_path / "sft_data.jsonl")
+    assert len(data) == 12 and all(t.outcome == 1.0 for t in data)
+    assert all(t.task_id.startswith("venus-s37-") for t in data)  # data.world_seeds, not 3
+    sft_final = load_causal_lm(tmp_path / "sft" / "final").state_dict()
+    assert not _same(sft_final, load_causal_lm(WARM_START).state_dict())
+    assert _same(load_causal_lm(tmp_path / "rl" / "final").state_dict(), sft_final)
+
+    assert result.start_policy == str(tmp_path / "sft" / "final")
+    numbers = json.loads((tmp_path / "report.json").read_text())
+    assert numbers["sft_continued"] == WARM_START
+    rl_used = numbers["config"]["rl"]
+    assert rl_used["policy"]["path"] == str(tmp_path / "sft" / "final")
+    assert (rl_used["env"]["world_size"], rl_used["env"]["world_seed"]) == (300, 3)
+    assert rl_used["env"]["prompt_style"] == sft.env.prompt_style == "compact"
+    assert list(rl_used["env"]["hops"]) == [1]
+    # lr 0: RL changed nothing, so "both stages" is exactly "the SFT stage", metric by metric
+    stages = numbers["paired_by_stage"]
+    assert set(stages) == {"sft", "sft+rl"}
+    assert all(d["diff"] == 0 for d in numbers["paired"].values())
+    for metric, d in stages["sft"].items():
+        assert stages["sft+rl"][metric]["a"] == d["a"] and stages["sft+rl"][metric]["b"] == d["b"]
+    report = result.report.read_text()
+    assert "continuing `warm-start`" in report and "RL continues this run's SFT policy" in report
+    assert "| metric | before SFT | after SFT |" in report
+    assert "| metric | after SFT | after RL |" in report
+
+
+def test_with_sft_from_scratch_rl_starts_from_the_packaged_warm_start(tmp_path):
     """SFT from scratch runs and saves its policy; RL loads the packaged warm start (at lr 0
     its final weights are the warm start's, not the SFT stage's), with the warm start's env
     settings; the report says so and compares start and RL policy with paired SEs."""
-    sft, rl = _small_configs()
-    rl.learner = dataclasses.replace(rl.learner, lr=0.0)
+    sft, rl = _small_configs(from_scratch=True)
     assert rl.policy.path == WARM_START
 
     result = run_pipeline(sft, rl, tmp_path, log=False, eval_samples=2)
@@ -109,11 +152,13 @@ def test_pipeline_runs_every_stage_and_rl_starts_from_the_packaged_warm_start(tm
     report = result.report.read_text()
     assert result.report == tmp_path / "report.md"
     assert "RL started from `warm-start`" in report and "never answers correctly" in report
+    assert "from scratch" in report and "before SFT" not in report
     assert "paired, sampled held-out evaluation" in report
     assert "## Evaluation: before vs after RL" in report and "![training curves]" in report
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     numbers = json.loads((tmp_path / "report.json").read_text())
     assert set(numbers["paired"]) == {"pass@1", "format_valid_rate", "answer_rate"}
+    assert numbers["paired_by_stage"] == {} and numbers["sft_continued"] == ""
     # lr 0: the two policies are the same weights under the same seeds, so nothing changed
     assert all(d["diff"] == 0 and not d["worse"] for d in numbers["paired"].values())
     assert numbers["before"]["tasks"] == 2 and numbers["after"]["tasks"] == 2
