@@ -2,6 +2,7 @@
 
     python benchmarks/learning_check.py --seed 0          # IGPO + placebo (results.md: its time)
     python benchmarks/learning_check.py --seed 1 --arms igpo grpo --output runs/lc1
+    python benchmarks/learning_check.py --arms grpo --trained igpo=runs/learning_check/igpo/final
 
 From the packaged warm start (`warm-start`, trainers/warm_start/README.md, or --policy):
 
@@ -9,7 +10,9 @@ From the packaged warm start (`warm-start`, trainers/warm_start/README.md, or --
 2. the placebo: the same config and seed with algorithm.options.placebo on (each
    trajectory's advantages times a random sign: the same step sizes, clipping and KL, no
    signal; docs/algorithms.md);
-   (--arms igpo placebo grpo adds GRPO: outcome-only advantages, the same loss settings);
+   (--arms igpo placebo grpo adds GRPO: outcome-only advantages, the same loss settings;
+   --trained ARM=DIR plays a policy an earlier check of the same config and seed trained,
+   instead of training that arm again);
 3. the start and every trained policy play the same held-out tasks with
    the same sampling seeds (trainers.evaluation.paired): test-split tasks of the RL world and of
    a validation world (--validation-world) that neither RL nor the warm start's SFT used
@@ -65,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
                              "0's test split, 53 of the validation world's)")
     parser.add_argument("--arms", nargs="+", default=["igpo", "placebo"],
                         help="igpo, placebo, grpo (grpo: outcome-only advantages, the same loss)")
+    parser.add_argument("--trained", nargs="*", default=[], metavar="ARM=DIR",
+                        help="arms trained by an earlier check (same config and seed): their "
+                             "final policy directories are played, not trained again")
     parser.add_argument("--lr", type=float, default=None, help="learning rate (config: learner.lr)")
     parser.add_argument("--temperature", type=float, default=None,
                         help="rollout and evaluation temperature (config: rollout.temperature)")
@@ -108,7 +114,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{base.rollout.queries_per_step} queries x G={base.rollout.group_size}, lr "
           f"{base.learner.lr}, temperature {base.rollout.temperature}, seed {args.seed}", flush=True)
 
+    trained = parse_trained(args.trained, args.arms)
     finals, seconds, histories = train_arms(base, args.arms, args.seed, output)
+    for arm, path in trained.items():
+        finals[arm] = path
+        metrics = Path(path).parent / "metrics.jsonl"  # the run's log, when it is there
+        if metrics.is_file():
+            histories[arm] = [json.loads(line) for line in metrics.read_text().splitlines()]
     env = base.env.kwargs()
     held_out = [HeldOut(f"world {base.env.world_seed} test", env, "test", args.num_tasks),
                 HeldOut(f"world {args.validation_world} test",
@@ -167,6 +179,26 @@ def main(argv: list[str] | None = None) -> int:
                       f"{browse[name][f'browse_ratio_{which}']:.3f}")
     print(f"RESULT wall_s={seconds['total']:.0f}")
     return 0
+
+
+def parse_trained(pairs: list[str], arms: list[str]) -> dict[str, str]:
+    """--trained ARM=DIR pairs as {arm: policy directory}, refused with the reason when an
+    arm is unknown, given twice, also trained here, or its directory is missing."""
+    from rl_checks import ARMS
+
+    trained: dict[str, str] = {}
+    for pair in pairs:
+        arm, sep, path = pair.partition("=")
+        if not sep or arm not in ARMS:
+            raise SystemExit(f"--trained takes ARM=DIR with ARM one of {ARMS}, got {pair!r}")
+        if arm in trained or arm in arms:
+            raise SystemExit(f"--trained {pair!r}: arm {arm!r} is already "
+                             f"{'given' if arm in trained else 'in --arms'}")
+        if not (Path(path) / "config.json").is_file():
+            raise SystemExit(f"--trained {pair!r}: {path} is not a saved policy "
+                             "(no config.json)")
+        trained[arm] = path
+    return trained
 
 
 def browse_ratios(runs: dict[str, Any]) -> dict[str, dict[str, float]]:
