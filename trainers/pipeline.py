@@ -152,9 +152,9 @@ def run_pipeline(sft_config: Any, rl_config: Any, output_dir: str | Path,
     held_out = [HeldOut(f"world {sft_config.env.world_seed} test", rl_config.env.kwargs(),
                         rl_config.eval.split, rl_config.eval.num_tasks)]
     policies = {"start": start_policy, "after RL": str(output / "rl" / "final")}
-    # When RL continued an SFT stage that itself continued a policy, that policy is played
-    # too, so the report separates what SFT and what RL changed.
-    before_sft = continued if continued and start_policy == str(output / "sft" / "final") else ""
+    # When SFT continued a policy (and RL, then, the SFT policy: _rl_start), that policy is
+    # played too, so the report separates what SFT and what RL changed.
+    before_sft = continued
     if before_sft:
         policies = {"before SFT": before_sft, **policies}
     started = _stage(5, stages, f"held-out evaluation: {', '.join(policies.values())} on the "
