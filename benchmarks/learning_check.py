@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainers.evaluation.paired import HeldOut
     from trainers.modeling.warm_start import warm_start_info
     from trainers.rl.config import load_rl_config
+    from trainers.run_log import read_metrics
 
     base = load_rl_config(args.config)
     if args.policy:
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         finals[arm] = path
         metrics = Path(path).parent / "metrics.jsonl"  # the run's log, when it is there
         if metrics.is_file():
-            histories[arm] = [json.loads(line) for line in metrics.read_text().splitlines()]
+            histories[arm] = read_metrics(metrics)
     env = base.env.kwargs()
     held_out = [HeldOut(f"world {base.env.world_seed} test", env, "test", args.num_tasks),
                 HeldOut(f"world {args.validation_world} test",
