@@ -11,6 +11,9 @@ From the packaged warm start (`warm-start`, trainers/warm_start/README.md, or --
    trajectory's advantages times a random sign: the same step sizes, clipping and KL, no
    signal; docs/algorithms.md);
    (--arms igpo placebo grpo adds GRPO: outcome-only advantages, the same loss settings;
+   --arms ... sft adds the equal-time baseline: the start continued by SFT on fresh oracle
+   episodes of worlds no other stage uses, benchmarks/configs/learning_check_sft.yaml, for
+   the IGPO arm's wall time, data included (or --sft-seconds);
    --trained ARM=DIR plays a policy an earlier check of the same config and seed trained,
    instead of training that arm again);
 3. the start and every trained policy play the same held-out tasks with
@@ -29,6 +32,7 @@ Prints the three policies' numbers, the paired tables, and
     RESULT worst_metric_z=        the lowest IGPO-vs-start z of the headline metrics (pass@1,
                                   format-valid, answer rate): below -1 = something got worse
     RESULT igpo_vs_grpo_pass1_z= / igpo_vs_grpo_format_valid_rate_z=   (with the grpo arm)
+    RESULT igpo_vs_sft_pass1_z= / igpo_vs_sft_format_valid_rate_z=     (with the sft arm)
     RESULT browse_ratio_{correct,wrong}_{start,igpo}=   DR-Venus's tool-use analysis: visit
                                   turns / tool turns of correct and wrong episodes
     RESULT wall_s=                the whole check's wall time
@@ -50,10 +54,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rl_checks import evaluate_arms, report_lines, train_arms
+from rl_checks import SFT_ARM, evaluate_arms, report_lines, train_arms, train_sft_arm
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "benchmarks" / "configs" / "learning_check_igpo.yaml"
+DEFAULT_SFT_CONFIG = REPO / "benchmarks" / "configs" / "learning_check_sft.yaml"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="tasks per held-out split, from its start (0 = all: 46 of world "
                              "0's test split, 53 of the validation world's)")
     parser.add_argument("--arms", nargs="+", default=["igpo", "placebo"],
-                        help="igpo, placebo, grpo (grpo: outcome-only advantages, the same loss)")
+                        help="igpo, placebo, grpo (grpo: outcome-only advantages, the same "
+                             "loss), sft (more SFT for the IGPO arm's wall time)")
     parser.add_argument("--trained", nargs="*", default=[], metavar="ARM=DIR",
                         help="arms trained by an earlier check (same config and seed): their "
                              "final policy directories are played, not trained again")
@@ -79,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--validation-world", type=int, default=45,
                         help="a world seed neither RL nor the warm start's SFT used")
     parser.add_argument("--config", default=str(DEFAULT_CONFIG))
+    parser.add_argument("--sft-config", default=str(DEFAULT_SFT_CONFIG),
+                        help="the sft arm's SFT config (its model is replaced by the start)")
+    parser.add_argument("--sft-seconds", type=float, default=None,
+                        help="the sft arm's wall time (default: the IGPO arm's in this run; "
+                             "needed when IGPO is not trained here)")
     parser.add_argument("--policy", default=None,
                         help="the starting policy (default: the config's policy.path, "
                              "warm-start)")
@@ -109,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--validation-world {args.validation_world} was used in training "
                          f"(RL world {base.env.world_seed}, SFT worlds "
                          f"{sorted(used - {base.env.world_seed})}): pick another")
+    rl_arms = [arm for arm in args.arms if arm != SFT_ARM]
+    if SFT_ARM in args.arms:
+        check_sft_arm(args, base.env.world_seed, "igpo" in rl_arms)
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     print(f"start: {base.policy.path}; {', '.join(args.arms)}: {base.run.steps} steps x "
@@ -116,7 +130,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{base.learner.lr}, temperature {base.rollout.temperature}, seed {args.seed}", flush=True)
 
     trained = parse_trained(args.trained, args.arms)
-    finals, seconds, histories = train_arms(base, args.arms, args.seed, output)
+    finals, seconds, histories = train_arms(base, rl_arms, args.seed, output)
+    sft_history: list[dict[str, Any]] = []
+    if SFT_ARM in args.arms:
+        budget = args.sft_seconds if args.sft_seconds is not None else seconds["igpo"]
+        finals[SFT_ARM], seconds[SFT_ARM], sft_history = train_sft_arm(
+            base.policy.path, args.sft_config, budget, args.seed, output)
     for arm, path in trained.items():
         finals[arm] = path
         metrics = Path(path).parent / "metrics.jsonl"  # the run's log, when it is there
@@ -144,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
               "| --- | ---: | ---: | ---: |"]
     lines += [f"| {name} | {b['browse_ratio_correct']:.3f} | {b['browse_ratio_wrong']:.3f} | "
               f"{b['num_correct']:.0f} / {b['num_wrong']:.0f} |" for name, b in browse.items()]
+    if sft_history:
+        lines += ["", f"The sft arm: {len(sft_history)} SFT steps on fresh oracle episodes "
+                  f"({args.sft_config}), loss {sft_history[0]['loss']:.3f} -> "
+                  f"{sft_history[-1]['loss']:.3f}."]
     lines += ["", "time: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()), ""]
     text = "\n".join(lines)
     (output / "results.md").write_text(text)
@@ -152,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         "temperature": base.rollout.temperature,
         "tasks": tasks, "tables": {t: {m: d.as_dict() for m, d in table.items()}
                                    for t, table in tables.items()},
-        "history": histories, "seconds": seconds}, indent=2, default=str))
+        "history": histories, "sft_history": sft_history, "seconds": seconds},
+        indent=2, default=str))
     print("\n" + text)
     for arm in finals:
         gain = tables[f"{arm} vs start"]
@@ -169,10 +193,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"RESULT placebo_gap_z="
                   f"{tables['igpo vs placebo']['format_valid_rate'].z:.2f}")
             print(f"RESULT placebo_gap_pass1_z={tables['igpo vs placebo']['pass@1'].z:.2f}")
-        if "grpo" in finals:
-            for metric in ("pass@1", "format_valid_rate"):
-                print(f"RESULT igpo_vs_grpo_{metric.replace('@', '')}_z="
-                      f"{tables['igpo vs grpo'][metric].z:.2f}")
+        for other in ("grpo", SFT_ARM):
+            if other in finals:
+                for metric in ("pass@1", "format_valid_rate"):
+                    print(f"RESULT igpo_vs_{other}_{metric.replace('@', '')}_z="
+                          f"{tables[f'igpo vs {other}'][metric].z:.2f}")
     for name in ("start", "igpo"):
         for which in ("correct", "wrong"):
             if name in browse:
@@ -187,11 +212,12 @@ def parse_trained(pairs: list[str], arms: list[str]) -> dict[str, str]:
     arm is unknown, given twice, also trained here, or its directory is missing."""
     from rl_checks import ARMS
 
+    known = (*ARMS, SFT_ARM)
     trained: dict[str, str] = {}
     for pair in pairs:
         arm, sep, path = pair.partition("=")
-        if not sep or arm not in ARMS:
-            raise SystemExit(f"--trained takes ARM=DIR with ARM one of {ARMS}, got {pair!r}")
+        if not sep or arm not in known:
+            raise SystemExit(f"--trained takes ARM=DIR with ARM one of {known}, got {pair!r}")
         if arm in trained or arm in arms:
             raise SystemExit(f"--trained {pair!r}: arm {arm!r} is already "
                              f"{'given' if arm in trained else 'in --arms'}")
@@ -200,6 +226,25 @@ def parse_trained(pairs: list[str], arms: list[str]) -> dict[str, str]:
                              "(no config.json)")
         trained[arm] = path
     return trained
+
+
+def check_sft_arm(args: argparse.Namespace, rl_world: int, igpo_trained_here: bool) -> None:
+    """Refuse an sft arm that would train on a world RL or the evaluation plays, or that has
+    no time budget (IGPO trained elsewhere and no --sft-seconds), before anything runs."""
+    from trainers.sft.config import load_config
+
+    if args.sft_seconds is None and not igpo_trained_here:
+        raise SystemExit("the sft arm gets the IGPO arm's wall time, but IGPO is not trained "
+                         "in this run: give --sft-seconds")
+    if args.sft_seconds is not None and not args.sft_seconds > 0:
+        raise SystemExit(f"--sft-seconds must be > 0, got {args.sft_seconds}")
+    config = load_config(args.sft_config)
+    worlds = set(config.data.world_seeds or [config.env.world_seed])
+    clash = worlds & {rl_world, args.validation_world}
+    if clash:
+        raise SystemExit(f"{args.sft_config}: the sft arm's worlds {sorted(worlds)} include "
+                         f"{sorted(clash)}, which RL (world {rl_world}) or the evaluation "
+                         f"(validation world {args.validation_world}) plays: pick others")
 
 
 def browse_ratios(runs: dict[str, Any]) -> dict[str, dict[str, float]]:

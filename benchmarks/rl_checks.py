@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 ARMS = ("igpo", "placebo", "grpo")
+SFT_ARM = "sft"  # learning_check.py's equal-time baseline: more SFT instead of RL
 
 
 def arm_config(base: Any, arm: str, seed: int, output: Path) -> Any:
@@ -46,6 +47,36 @@ def train_arms(base: Any, arms: list[str], seed: int, output: Path
               f"{[round(h['accuracy'], 3) for h in result.history]}; format errors "
               f"{[round(h['format_error_rate'], 2) for h in result.history]}", flush=True)
     return finals, seconds, histories
+
+
+def train_sft_arm(start: str, config_path: str | Path, seconds: float, seed: int,
+                  output: Path) -> tuple[str, float, list[dict[str, Any]]]:
+    """The equal-time baseline: continue `start` with SFT on fresh oracle episodes
+    (`config_path`, an SFT config) for `seconds` of wall time in all, the data's generation
+    and tokenisation included (train.max_seconds gets what is left). Returns (final policy
+    dir, seconds spent, the SFT steps' metrics)."""
+    from trainers.sft.config import load_config
+    from trainers.sft.pipeline import build_chat, build_samples, build_tokenizer, train_sft
+
+    started = time.perf_counter()
+    config = load_config(str(config_path))
+    config.model = dataclasses.replace(config.model, name=start, tokenizer=start)
+    config.data = dataclasses.replace(config.data, seed=seed)
+    tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
+    samples = build_samples(config, build_chat(tokenizer, config.model.chat_template))
+    left = seconds - (time.perf_counter() - started)
+    if left <= 0:
+        raise SystemExit(f"the SFT arm's {seconds:.0f} s went on building its data "
+                         f"({len(samples)} samples); give it more time or fewer "
+                         "data.num_episodes")
+    config.train = dataclasses.replace(config.train, seed=seed, max_seconds=left,
+                                       output_dir=str(output / SFT_ARM))
+    _, _, history = train_sft(config, samples=samples)
+    spent = time.perf_counter() - started
+    print(f"{SFT_ARM}: {spent:.0f} s of {seconds:.0f} ({seconds - left:.0f} s data, "
+          f"{len(samples)} samples); {len(history)} steps, loss {history[0]['loss']:.3f} -> "
+          f"{history[-1]['loss']:.3f}", flush=True)
+    return str(output / SFT_ARM / "final"), spent, history
 
 
 def step_table(histories: dict[str, list[dict[str, float]]],

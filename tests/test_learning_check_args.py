@@ -1,5 +1,7 @@
-"""benchmarks/learning_check.py --trained: policies an earlier check trained are played
-instead of trained again, and a wrong pair is refused with its reason."""
+"""benchmarks/learning_check.py: --trained (policies an earlier check trained are played
+instead of trained again, a wrong pair is refused with its reason) and the equal-time sft
+arm (its worlds and budget checked before anything runs; at toy size, it continues the
+start within its time, data included)."""
 
 from __future__ import annotations
 
@@ -56,3 +58,87 @@ def test_an_arm_given_twice_is_refused(learning_check, tmp_path):
     policy = _policy(tmp_path / "final")
     with pytest.raises(SystemExit, match="already given"):
         learning_check.parse_trained([f"igpo={policy}", f"igpo={policy}"], ["grpo"])
+
+
+def test_an_sft_arm_policy_can_be_reused(learning_check, tmp_path):
+    sft = _policy(tmp_path / "sft" / "final")
+    assert learning_check.parse_trained([f"sft={sft}"], ["igpo"]) == {"sft": str(sft)}
+
+
+def _sft_args(learning_check, tmp_path, *extra, worlds=None):
+    config = learning_check.DEFAULT_SFT_CONFIG
+    if worlds is not None:
+        text = config.read_text().replace("world_seeds: [37, 38, 39, 40, 41, 42, 43, 44]",
+                                          f"world_seeds: {worlds}")
+        config = tmp_path / "sft.yaml"
+        config.write_text(text)
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sft-config", default=str(config))
+    parser.add_argument("--sft-seconds", type=float, default=None)
+    parser.add_argument("--validation-world", type=int, default=45)
+    return parser.parse_args(list(extra))
+
+
+@pytest.mark.parametrize("worlds, says", [("[37, 0]", r"include \[0\]"),
+                                          ("[45, 46]", r"include \[45\]")])
+def test_an_sft_arm_on_a_world_rl_or_the_evaluation_plays_is_refused(learning_check, tmp_path,
+                                                                     worlds, says):
+    args = _sft_args(learning_check, tmp_path, worlds=worlds)
+    with pytest.raises(SystemExit, match=says):
+        learning_check.check_sft_arm(args, rl_world=0, igpo_trained_here=True)
+
+
+def test_an_sft_arm_needs_a_budget(learning_check, tmp_path):
+    learning_check.check_sft_arm(_sft_args(learning_check, tmp_path), 0, True)  # IGPO's time
+    learning_check.check_sft_arm(_sft_args(learning_check, tmp_path, "--sft-seconds", "60"),
+                                 0, False)
+    with pytest.raises(SystemExit, match="give --sft-seconds"):
+        learning_check.check_sft_arm(_sft_args(learning_check, tmp_path), 0, False)
+    with pytest.raises(SystemExit, match="must be > 0"):
+        learning_check.check_sft_arm(_sft_args(learning_check, tmp_path, "--sft-seconds", "0"),
+                                     0, True)
+
+
+@pytest.fixture
+def toy_sft_config(learning_check, tmp_path):
+    path = tmp_path / "toy_sft.yaml"
+    path.write_text(learning_check.DEFAULT_SFT_CONFIG.read_text()
+                    .replace("num_episodes: 4000", "num_episodes: 6"))
+    return path
+
+
+def test_the_sft_arm_continues_the_start_within_its_time(learning_check, tmp_path,
+                                                         toy_sft_config):
+    import json
+
+    import torch
+    from rl_checks import train_sft_arm
+    from safetensors.torch import load_file
+
+    from trainers.modeling.models import resolve_model_path
+    from trainers.modeling.warm_start import policy_record
+
+    final, spent, history = train_sft_arm("warm-start", toy_sft_config, 120.0, 3,
+                                          tmp_path / "check")
+    assert Path(final) == tmp_path / "check" / "sft" / "final" and history
+    record = policy_record(final)
+    assert record["start"] == "warm-start"
+    # the arm's worlds, added to those of the start's SFT (worlds 1-36)
+    assert set(record["sft_world_seeds"]) == set(range(1, 45))
+    logged = json.loads((tmp_path / "check" / "sft" / "config.json").read_text())
+    # the budget less the data's time goes to the loop; the seeds follow the check's
+    assert 0 < logged["train"]["max_seconds"] < 120.0
+    assert logged["train"]["seed"] == 3 and logged["data"]["seed"] == 3
+    start = load_file(resolve_model_path("warm-start") / "model.safetensors")
+    trained = load_file(Path(final) / "model.safetensors")
+    assert any(not torch.equal(start[name], trained[name]) for name in start)
+
+
+def test_an_sft_arm_whose_time_goes_on_its_data_is_refused(learning_check, tmp_path,
+                                                           toy_sft_config):
+    from rl_checks import train_sft_arm
+
+    with pytest.raises(SystemExit, match="went on building its data"):
+        train_sft_arm("warm-start", toy_sft_config, 1e-3, 0, tmp_path / "check")

@@ -247,6 +247,21 @@ def test_logger_progress_bar_counts_steps_once(tmp_path: Path) -> None:
         assert logger._bar.postfix.replace(" ", "") == "reward=1,accuracy=0.5,kl=0.01"
 
 
+def test_a_replanned_run_length_moves_the_bar_total_and_the_printed_count(
+        tmp_path: Path, capsys) -> None:
+    with MetricsLogger(tmp_path / "bar", total_steps=100, tensorboard=False) as logger:
+        logger.log(0, {"reward": 1.0})
+        logger.set_total_steps(10)
+        assert logger._bar.total == 10 and logger._bar.n == 1
+        with pytest.raises(ValueError, match="total_steps must be an int >= 0"):
+            logger.set_total_steps(-1)
+    with MetricsLogger(tmp_path / "lines", total_steps=100, progress_bar=False,
+                       tensorboard=False) as logger:
+        logger.set_total_steps(10)
+        logger.log(0, {"reward": 1.0})
+    assert "step 1/10 " in capsys.readouterr().out
+
+
 def test_save_samples_readable(tmp_path: Path, batch: list[Trajectory]) -> None:
     # The batch's input_ids are stand-ins (lengths only); samples must pass the invariants.
     batch = [dataclasses.replace(t, input_ids=None) for t in batch]

@@ -166,6 +166,66 @@ def test_warmup_then_cosine():
     assert not math.isnan(warmup_cosine(0, 1, 0.0, 0.0))
 
 
+def _step_seconds(monkeypatch, trainer, seconds_of_step):
+    """A fake clock that a step of `trainer` advances by seconds_of_step(step index) (and
+    every reading by a microsecond, so a step's own timing is never zero)."""
+    clock = [0.0]
+
+    def perf_counter():
+        clock[0] += 1e-6
+        return clock[0]
+
+    monkeypatch.setattr("trainers.sft.trainer.time.perf_counter", perf_counter)
+    real_step = trainer.train_step
+
+    def timed_step():
+        clock[0] += seconds_of_step(trainer.step)
+        return real_step()
+
+    monkeypatch.setattr(trainer, "train_step", timed_step)
+
+
+def test_a_time_budget_replans_the_schedule_to_end_when_the_time_does(tokenizer, tmp_path,
+                                                                       monkeypatch):
+    trainer = make_trainer(tokenizer, tmp_path, make_samples(len(tokenizer)), max_steps=100,
+                           max_seconds=10.5, warmup_ratio=0.1)
+    _step_seconds(monkeypatch, trainer, lambda step: 1.0)
+    history = trainer.train()
+    # 4 steps measured at 1 s: 6.5 s left fit 6 more, so the run is 10 steps long and its
+    # cosine (which reads total_steps) reaches its end at step 10, not at step 100.
+    assert len(history) == 10 and trainer.total_steps == 10
+    assert history[-1]["lr"] == pytest.approx(3e-3 * warmup_cosine(9, 10, 0.1, 0.0))
+    assert history[-1]["lr"] < 0.05 * 3e-3
+
+
+def test_a_time_budget_stops_the_loop_when_later_steps_run_slower(tokenizer, tmp_path,
+                                                                  monkeypatch):
+    trainer = make_trainer(tokenizer, tmp_path, make_samples(len(tokenizer)), max_steps=100,
+                           max_seconds=10.5)
+    _step_seconds(monkeypatch, trainer, lambda step: 1.0 if step < 4 else 3.0)
+    history = trainer.train()
+    # planned for 10 steps at 1 s; at 3 s a step the budget is spent after step 7 (13 s).
+    assert trainer.total_steps == 10 and len(history) == 7
+
+
+def test_a_time_budget_longer_than_the_run_changes_nothing(tokenizer, tmp_path, monkeypatch):
+    samples = make_samples(len(tokenizer))
+    budgeted = make_trainer(tokenizer, tmp_path / "a", samples, max_steps=6, max_seconds=1000)
+    _step_seconds(monkeypatch, budgeted, lambda step: 1.0)
+    plain = make_trainer(tokenizer, tmp_path / "b", samples, max_steps=6)
+    assert [m["lr"] for m in budgeted.train()] == [m["lr"] for m in plain.train()]
+    assert budgeted.total_steps == 6
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"max_seconds": -1.0}, "max_seconds must be >= 0"),
+    ({"max_seconds": float("nan")}, "max_seconds must be >= 0"),
+    ({"max_seconds": 60.0, "num_workers": 2}, "max_seconds needs train.num_workers == 1")])
+def test_a_bad_time_budget_is_refused_with_the_reason(settings, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**settings)
+
+
 @pytest.mark.parametrize("options", [{"precision": "bf16"}, {"gradient_checkpointing": True},
                                      {"logits_on_trained_positions_only": False}])
 def test_options_train_and_reduce_loss(tokenizer, tmp_path, options):

@@ -185,6 +185,16 @@ class MetricsLogger:
         write_trajectories(path, chosen)
         return path
 
+    def set_total_steps(self, total_steps: int) -> None:
+        """A re-planned run length (an SFT time budget): the bar's total and the printed
+        step counts follow it."""
+        if not _is_int(total_steps) or total_steps < 0:
+            raise ValueError(f"total_steps must be an int >= 0, got {total_steps!r}")
+        self.total_steps = total_steps
+        if self._bar is not None:
+            self._bar.total = total_steps
+            self._bar.refresh()
+
     def close(self) -> None:
         """Flush and close every sink; safe to call twice."""
         if self._closed:

@@ -152,6 +152,11 @@ class TrainConfig:
     grad_clip: float = help_field("Max global gradient norm (0 = no clipping).", 1.0)
     epochs: float = help_field("Passes over the data (fractional allowed).", 1.0)
     max_steps: int = help_field("Stop after this many optimizer steps (0 = from epochs).", 0)
+    max_seconds: float = help_field(
+        "A wall-time budget for the training loop, in seconds (0 = none): after the first "
+        "few steps the schedule is re-planned for the steps that fit at the measured speed "
+        "(never more than epochs / max_steps give), and the loop stops once the budget is "
+        "spent. For equal-time comparisons; single-process runs only.", 0.0)
     grad_accum: int = help_field("Micro-batches accumulated per optimizer step.", 1)
     precision: str = help_field("'fp32', 'bf16' (autocast) or 'auto' (bf16 where supported: "
                                 "CUDA with bf16; fp32 on CPU, where autocast is slower).", "fp32")
@@ -191,6 +196,13 @@ class TrainConfig:
         "a model that did not learn to copy does not learn the task. 0 = no target.", 0.0)
 
     def __post_init__(self) -> None:
+        if not self.max_seconds >= 0:  # also refuses NaN
+            raise ValueError(f"train.max_seconds must be >= 0 (0 = no budget), got "
+                             f"{self.max_seconds}")
+        if self.max_seconds and self.num_workers != 1:
+            raise ValueError(f"train.max_seconds needs train.num_workers == 1: data-parallel "
+                             f"workers would each measure their own time and could stop at "
+                             f"different steps (got num_workers={self.num_workers})")
         if not self.induction_warmup_target_loss >= 0:  # also refuses NaN
             raise ValueError(f"train.induction_warmup_target_loss must be >= 0 (0 = no "
                              f"target), got {self.induction_warmup_target_loss}")

@@ -69,6 +69,9 @@ STATE_FILE = "trainer_state.pt"
 # Bump when pack_samples changes: the same data would be packed into different rows, so a
 # checkpoint from another packer cannot resume exactly.
 PACKER = "subset-sum-v1"
+# train.max_seconds re-plans the run from the mean time of this many first steps (the first
+# step alone is slower: allocations and caches).
+PLAN_AFTER_STEPS = 4
 
 
 def warmup_cosine(step: int, total_steps: int, warmup_ratio: float, min_lr_ratio: float) -> float:
@@ -283,10 +286,15 @@ class SFTTrainer:
                                console_keys=("loss", "tokens_per_s"), description="sft") \
             if self.is_main else contextlib.nullcontext()
         metrics_this_call = []
+        budget = self.cfg.max_seconds
+        started = time.perf_counter()
         with logger:
             while self.step < stop:
                 metrics = self.train_step()
                 metrics_this_call.append(metrics)
+                if budget:
+                    stop = self._fit_budget(budget, time.perf_counter() - started,
+                                            len(metrics_this_call), stop, logger)
                 if self.is_main:
                     logger.log(self.step, {k: v for k, v in metrics.items() if k != "step"})
                     if self.step % max(1, self.cfg.log_every) == 0 or self.step == stop:
@@ -296,6 +304,27 @@ class SFTTrainer:
                 if self.cfg.save_every and self.step % self.cfg.save_every == 0:
                     self.save_checkpoint()
         return metrics_this_call
+
+    def _fit_budget(self, budget: float, spent: float, done: int, stop: int,
+                    logger: Any) -> int:
+        """train.max_seconds: the step this call stops at, given `spent` seconds for its
+        `done` steps. After PLAN_AFTER_STEPS steps the run is re-planned once for the steps
+        that fit at the measured speed (total_steps shrinks, and with it the warm-up and the
+        cosine, which read it), so the schedule ends when the time does; the loop then stops
+        early only if later steps run slower than the first ones did."""
+        if spent >= budget:
+            self.log(f"train.max_seconds={budget:g} spent after step {self.step}: stopping")
+            return self.step
+        if done == PLAN_AFTER_STEPS:
+            fits = self.step + int((budget - spent) / (spent / done))
+            if fits < self.total_steps:
+                self.log(f"train.max_seconds={budget:g}: {spent / done:.2f} s a step, so "
+                         f"{fits} steps fit (of {self.total_steps}); the schedule ends there")
+                self.total_steps = max(self.step + 1, fits)
+                if isinstance(logger, MetricsLogger):
+                    logger.set_total_steps(self.total_steps)
+                return min(stop, self.total_steps)
+        return stop
 
     def log(self, line: str) -> None:
         if not self.is_main:
