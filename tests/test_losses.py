@@ -53,6 +53,28 @@ def test_clip_higher():
     assert loss.item() == pytest.approx((-1.28 + 3.0 + 0.8 - 2.0) / 4)
 
 
+def test_negative_advantages_are_weighted_before_the_surrogate():
+    logp, old, adv, mask = four_tokens()
+    loss, _ = ppo_loss(logp, old, adv, mask, LossConfig(kl_coef=0.0,
+                                                        negative_advantage_weight=0.5))
+    # as the hand numbers above with A = -0.5 on tokens 1 and 2: token 1's ratio 5 is
+    # dual-clipped at -A * 3 = 1.5, token 2's max(0.25, 0.4) = 0.4
+    assert loss.item() == pytest.approx((-1.2 + 1.5 + 0.4 - 2.0) / 4)
+    halved, _ = ppo_loss(logp, old, torch.where(adv < 0, adv * 0.5, adv), mask, NO_KL)
+    assert loss.item() == pytest.approx(halved.item())
+    logp = torch.zeros(1, 4, requires_grad=True)  # ratio 1: every token carries gradient
+    off, _ = ppo_loss(logp, old, adv, mask, LossConfig(kl_coef=0.0,
+                                                       negative_advantage_weight=0.0))
+    off.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-0.25, 0.0, 0.0, -0.5])
+
+
+@pytest.mark.parametrize("weight", [-0.1, float("nan"), float("inf")])
+def test_a_bad_negative_advantage_weight_is_refused(weight):
+    with pytest.raises(ValueError, match="negative_advantage_weight must be a finite number"):
+        LossConfig(negative_advantage_weight=weight)
+
+
 def test_masked_positions_are_ignored_even_if_nan():
     logp, old, adv, mask = four_tokens()
     mask = torch.tensor([[True, False, False, True]])

@@ -7,6 +7,7 @@ advantages on those positions raise FloatingPointError: a NaN that silently turn
 off was one of the peers' worst bugs (design.md "Pitfalls").
 
     ratio   = exp(logp - old_logp)
+    A       = A * w_neg                   where A < 0        (negative_advantage_weight, 1)
     pg      = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high))
     pg      = min(pg, -A * c)             where A < 0        (dual clip, c = 3)
     pg      = pg * min(exp(old_logp - engine_logp), tis_cap)  (optional TIS, no gradient)
@@ -24,10 +25,18 @@ change). Why: turns cut at the per-turn token cap are long by construction; on t
 tiny policy malformed turns, mostly cut ones, held ~59% of the policy tokens, so a
 token-mean loss was mostly about them. seq-mean limits a long trajectory's weight, not a
 long turn's within it; the cap limits the turn's. Off by default (the papers' token-mean).
+
+Negative-advantage weight (`negative_advantage_weight: w`, default 1 = the papers'
+symmetric loss): negative advantages are multiplied by w before the surrogate. Why an
+option: at a low rollout temperature the start gives most sampled tokens p close to 1, so
+positive advantages can barely raise them while negative ones lower the policy's
+confidence wherever it decides (docs/benchmarks.md "Learning check"); w < 1 weights pushing
+down less than pulling up.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -55,6 +64,9 @@ class LossConfig:
                 "long, often cut-off turns; None = off"})
     kl_coef: float = field(default=0.001, metadata={
         "help": "weight of the k3 KL to the reference policy; 0 skips it (no ref log-probs)"})
+    negative_advantage_weight: float = field(default=1.0, metadata={
+        "help": "multiplies negative advantages before the surrogate (1 = symmetric, the "
+                "papers'; < 1 pushes sampled tokens down less than it pulls them up)"})
     entropy_coef: float = field(default=0.0, metadata={
         "help": "weight of the entropy bonus; needs per-token entropy"})
     tis_cap: float | None = field(default=None, metadata={
@@ -65,6 +77,10 @@ class LossConfig:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1, got {self.dual_clip}")
+        if not (math.isfinite(self.negative_advantage_weight)
+                and self.negative_advantage_weight >= 0):
+            raise ValueError(f"negative_advantage_weight must be a finite number >= 0, got "
+                             f"{self.negative_advantage_weight}")
         if self.tis_cap is not None and self.tis_cap <= 0:
             raise ValueError(f"tis_cap must be > 0, got {self.tis_cap}")
         if self.turn_weight_cap is not None and self.turn_weight_cap < 1:
@@ -153,6 +169,9 @@ def ppo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: tor
     logprobs = torch.where(mask, logprobs, zero)
     old_logprobs = torch.where(mask, old_logprobs.to(logprobs.dtype), zero).detach()
     advantages = torch.where(mask, advantages.to(logprobs.dtype), zero).detach()
+    if config.negative_advantage_weight != 1.0:
+        advantages = torch.where(advantages < 0, advantages * config.negative_advantage_weight,
+                                 advantages)
     clip_high = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
     token_loss, indicators = clipped_surrogate(logprobs, old_logprobs, advantages,
                                                config.clip_ratio, clip_high, config.dual_clip)
