@@ -3,6 +3,7 @@
     python benchmarks/learning_check.py --seed 0          # IGPO + placebo (results.md: its time)
     python benchmarks/learning_check.py --seed 1 --arms igpo grpo --output runs/lc1
     python benchmarks/learning_check.py --arms grpo --trained igpo=runs/learning_check/igpo/final
+    python benchmarks/learning_check.py --arms --trained igpo=DIR placebo=DIR --eval-temperature 0.5
 
 From the packaged warm start (`warm-start`, trainers/warm_start/README.md, or --policy):
 
@@ -19,7 +20,8 @@ From the packaged warm start (`warm-start`, trainers/warm_start/README.md, or --
 3. the start and every trained policy play the same held-out tasks with
    the same sampling seeds (trainers.evaluation.paired): test-split tasks of the RL world and of
    a validation world (--validation-world) that neither RL nor the warm start's SFT used
-   (--num-tasks of each; 0 = all), --k samples per task at the rollout temperature;
+   (--num-tasks of each; 0 = all), --k samples per task at the rollout temperature
+   (or --eval-temperature: roll out at one temperature, play the held-out tasks at another);
 4. paired differences with task-clustered bootstrap SEs.
 
 Prints the three policies' numbers, the paired tables, and
@@ -49,6 +51,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-tasks", type=int, default=0,
                         help="tasks per held-out split, from its start (0 = all: 46 of world "
                              "0's test split, 53 of the validation world's)")
-    parser.add_argument("--arms", nargs="+", default=["igpo", "placebo"],
+    parser.add_argument("--arms", nargs="*", default=["igpo", "placebo"],
                         help="igpo, placebo, grpo (grpo: outcome-only advantages, the same "
                              "loss), sft (more SFT for the IGPO arm's wall time)")
     parser.add_argument("--trained", nargs="*", default=[], metavar="ARM=DIR",
@@ -80,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=None, help="learning rate (config: learner.lr)")
     parser.add_argument("--temperature", type=float, default=None,
                         help="rollout and evaluation temperature (config: rollout.temperature)")
+    parser.add_argument("--eval-temperature", type=float, default=None,
+                        help="the held-out evaluation's temperature when it differs from the "
+                             "rollouts' (default: the rollout temperature)")
     parser.add_argument("--groups-per-call", type=int, default=8,
                         help="tasks played at once in the evaluation (shared engine calls)")
     parser.add_argument("--validation-world", type=int, default=45,
@@ -113,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.temperature is not None:
         base.rollout = dataclasses.replace(base.rollout, temperature=args.temperature)
     base.run = dataclasses.replace(base.run, seed=args.seed)
+    eval_temperature = check_eval_temperature(args.eval_temperature, base.rollout.temperature)
+    if not args.arms and not args.trained:
+        raise SystemExit("nothing to compare: give --arms to train or --trained ARM=DIR to play")
     base.eval = dataclasses.replace(base.eval, before=False, after=False)
     info = warm_start_info(base.policy.path)
     used = {base.env.world_seed} | set((info or {}).get("sft_world_seeds", []))
@@ -127,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     output.mkdir(parents=True, exist_ok=True)
     print(f"start: {base.policy.path}; {', '.join(args.arms)}: {base.run.steps} steps x "
           f"{base.rollout.queries_per_step} queries x G={base.rollout.group_size}, lr "
-          f"{base.learner.lr}, temperature {base.rollout.temperature}, seed {args.seed}", flush=True)
+          f"{base.learner.lr}, temperature {base.rollout.temperature} (evaluation "
+          f"{eval_temperature}), seed {args.seed}", flush=True)
 
     trained = parse_trained(args.trained, args.arms)
     finals, seconds, histories = train_arms(base, rl_arms, args.seed, output)
@@ -146,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 HeldOut(f"world {args.validation_world} test",
                         {**env, "world_seed": args.validation_world}, "test", args.num_tasks)]
     runs, tables = evaluate_arms(base, finals, held_out, k=args.k, seed=args.seed,
-                                 temperature=base.rollout.temperature,
+                                 temperature=eval_temperature,
                                  groups_per_call=args.groups_per_call, seconds=seconds)
     seconds["total"] = time.perf_counter() - started_all
     tasks = len(runs["start"].per_task)
@@ -155,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Start `{base.policy.path}`; {base.run.steps} RL steps per arm x "
         f"{base.rollout.queries_per_step} queries x G={base.rollout.group_size}; {tasks} "
         f"held-out tasks ({', '.join(h.name for h in held_out)}) x k={args.k} at "
-        f"temperature {base.rollout.temperature}, the same tasks and sampling seeds for "
+        f"temperature {eval_temperature} (RL rollouts at {base.rollout.temperature}), the same tasks and sampling seeds for "
         "every policy; ± bootstrap SE over tasks.", histories, tables)
     browse = browse_ratios(runs)
     lines += ["## Tool use: browse ratio (visit turns / tool turns) of correct and wrong "
@@ -172,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     (output / "results.md").write_text(text)
     (output / "results.json").write_text(json.dumps({
         "seed": args.seed, "steps": base.run.steps, "lr": base.learner.lr, "k": args.k,
-        "temperature": base.rollout.temperature,
+        "temperature": base.rollout.temperature, "eval_temperature": eval_temperature,
         "tasks": tasks, "tables": {t: {m: d.as_dict() for m, d in table.items()}
                                    for t, table in tables.items()},
         "history": histories, "sft_history": sft_history, "seconds": seconds},
@@ -205,6 +215,15 @@ def main(argv: list[str] | None = None) -> int:
                       f"{browse[name][f'browse_ratio_{which}']:.3f}")
     print(f"RESULT wall_s={seconds['total']:.0f}")
     return 0
+
+
+def check_eval_temperature(value: float | None, rollout_temperature: float) -> float:
+    """The evaluation temperature: the rollouts' unless given; refused unless finite and > 0."""
+    if value is None:
+        return rollout_temperature
+    if not math.isfinite(value) or value <= 0:
+        raise SystemExit(f"--eval-temperature must be a finite number > 0, got {value}")
+    return value
 
 
 def parse_trained(pairs: list[str], arms: list[str]) -> dict[str, str]:

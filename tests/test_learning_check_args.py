@@ -142,3 +142,20 @@ def test_an_sft_arm_whose_time_goes_on_its_data_is_refused(learning_check, tmp_p
 
     with pytest.raises(SystemExit, match="went on building its data"):
         train_sft_arm("warm-start", toy_sft_config, 1e-3, 0, tmp_path / "check")
+
+
+def test_the_evaluation_temperature_defaults_to_the_rollouts(learning_check):
+    assert learning_check.check_eval_temperature(None, 1.0) == 1.0
+    assert learning_check.check_eval_temperature(0.5, 1.0) == 0.5
+
+
+@pytest.mark.parametrize("value", [0.0, -0.5, float("nan"), float("inf")])
+def test_a_bad_evaluation_temperature_is_refused(learning_check, value):
+    with pytest.raises(SystemExit, match="--eval-temperature must be a finite number > 0"):
+        learning_check.check_eval_temperature(value, 1.0)
+
+
+def test_a_check_with_nothing_to_train_or_play_is_refused(learning_check, tmp_path):
+    with pytest.raises(SystemExit, match="nothing to compare"):
+        learning_check.main(["--arms", "--output", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()  # refused before anything was written
