@@ -77,7 +77,7 @@ def learner_step(config: Any, results: list[Any], packing: bool) -> tuple[float,
     learner = config.learner
     tokenizer, _ = load_tokenizer(config.policy.path)
     settings = dict(lr=learner.lr, betas=tuple(learner.betas),
-                    weight_decay=learner.weight_decay, grad_clip=learner.grad_clip,
+                    weight_decay=learner.weight_decay, eps=learner.eps, grad_clip=learner.grad_clip,
                     warmup_steps=learner.warmup_steps, micro_batch_size=learner.micro_batch_size,
                     use_gpu=False, seed=config.run.seed,
                     temperature=config.rollout.temperature, **learner.model_settings())

@@ -194,3 +194,34 @@ def test_rl_run_with_lora_autocast_and_checkpointing_from_the_config(tmp_path):
     assert result.weights.keys() == base.keys()
     moved = {k for k in base if not torch.equal(result.weights[k], base[k])}
     assert moved and all(k.rsplit(".", 2)[-2] in config.learner.lora_targets for k in moved)
+
+
+def test_adam_eps_sets_how_far_weights_with_small_gradients_move(policy_dir):
+    """AdamW's first step moves a weight by lr * g / (|g| + eps). With torch's eps 1e-8 every
+    weight whose gradient is not ~0 moves by about lr (sign descent); with an eps far above
+    the typical gradient the same step moves weights in proportion to their gradient, so the
+    typical weight moves much less than lr while the weights with the largest gradients still
+    move the most."""
+    lr = 1e-4
+    moves = {}
+    for eps in (1e-8, 1e-2):
+        learner = Learner(policy_dir, algorithm(), lr=lr, eps=eps)
+        assert learner.optimizer.param_groups[0]["eps"] == eps
+        before = learner.weights()
+        update(learner)
+        after = learner.weights()
+        moves[eps] = torch.cat([(after[name] - before[name]).abs().flatten() for name in before])
+    moved = moves[1e-8] > lr / 100
+    assert moved.float().mean() > 0.5  # most weights got a gradient
+    assert torch.allclose(moves[1e-8][moved].median(), torch.tensor(lr), rtol=0.02)
+    assert moves[1e-2][moved].median() < lr / 10
+    # the same weights, ordered by how far eps 1e-2 moved them, i.e. by gradient size
+    assert moves[1e-2].max() > 10 * moves[1e-2][moved].median()
+
+
+def test_a_bad_adam_eps_is_refused():
+    config = RLConfig()
+    config.policy.path = "warm-start"
+    config.learner = dataclasses.replace(config.learner, eps=0.0)
+    with pytest.raises(ValueError, match="learner.eps must be a finite number > 0, got 0.0"):
+        config.validate()

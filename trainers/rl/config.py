@@ -151,6 +151,11 @@ class LearnerConfig:
                                    "mini_batches per RL step).", 0)
     betas: tuple[float, float] = help_field("AdamW betas.", (0.9, 0.999))
     weight_decay: float = help_field("AdamW weight decay.", 0.0)
+    eps: float = help_field(
+        "AdamW epsilon, the floor under each weight's gradient scale. 1e-8 (torch's "
+        "default) makes early updates close to sign descent: every weight moves about lr, "
+        "however small and noisy its gradient; an eps near the weights' typical gradient "
+        "size moves weights in proportion to their gradient below it.", 1e-8)
     grad_clip: float = help_field("Max global gradient norm (0 = off).", 1.0)
     ppo_epochs: int = help_field("Passes over each rollout batch.", 1)
     mini_batches: int = help_field("Optimizer steps per pass (the batch is split into this many "
@@ -333,6 +338,8 @@ class RLConfig:
             (self.learner.micro_batch_size >= 1, "learner.micro_batch_size must be >= 1"),
             (self.learner.micro_batch_tokens >= 1, "learner.micro_batch_tokens must be >= 1"),
             (self.learner.mini_batches >= 1, "learner.mini_batches must be >= 1"),
+            (math.isfinite(self.learner.eps) and self.learner.eps > 0,
+             f"learner.eps must be a finite number > 0, got {self.learner.eps}"),
             (self.learner.ppo_epochs >= 1, "learner.ppo_epochs must be >= 1"),
             (self.learner.backend in ("auto", "gloo", "nccl"),
              "learner.backend must be auto, gloo or nccl"),

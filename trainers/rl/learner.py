@@ -112,7 +112,7 @@ class Learner:
     Args:
         policy_path: starting weights and tokenizer.
         algorithm: a trainers.algorithms.Algorithm.
-        lr, betas, weight_decay, grad_clip, warmup_steps: AdamW settings.
+        lr, betas, weight_decay, eps, grad_clip, warmup_steps: AdamW settings.
         packing: a micro-batch's trajectories in one packed row (trainers.modeling.logprobs
             .PackedRow), micro-batches of at most `micro_batch_tokens` tokens; False:
             padded micro-batches of `micro_batch_size` trajectories.
@@ -134,6 +134,7 @@ class Learner:
 
     def __init__(self, policy_path: str, algorithm: Any, *, lr: float,
                  betas: tuple[float, float] = (0.9, 0.999), weight_decay: float = 0.0,
+                 eps: float = 1e-8,
                  grad_clip: float = 1.0, warmup_steps: int = 0, micro_batch_size: int = 4,
                  packing: bool = False, micro_batch_tokens: int = 16384,
                  rank: int = 0, world_size: int = 1, master: str = "", backend: str = "auto",
@@ -183,7 +184,8 @@ class Learner:
         self.reference = None
         if algorithm.kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.optimizer_settings = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+        self.optimizer_settings = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay,
+                                       eps=eps)
         self.optimizer = self.strategy.optimizer(self.model, self.optimizer_settings)
         self.lr, self.warmup_steps, self.grad_clip = lr, warmup_steps, grad_clip
         self.micro_batch_size = micro_batch_size
