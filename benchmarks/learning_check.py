@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         check_sft_arm(args, base.env.world_seed, "igpo" in rl_arms)
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
-    print(f"start: {base.policy.path}; {', '.join(args.arms)}: {base.run.steps} steps x "
+    print(f"start: {base.policy.path}; {', '.join(args.arms) or 'nothing trained here'}: "
+          f"{base.run.steps} steps x "
           f"{base.rollout.queries_per_step} queries x G={base.rollout.group_size}, lr "
           f"{base.learner.lr}, temperature {base.rollout.temperature} (evaluation "
           f"{eval_temperature}), seed {args.seed}", flush=True)
