@@ -57,7 +57,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rl_checks import SFT_ARM, evaluate_arms, report_lines, train_arms, train_sft_arm
+from rl_checks import (
+    ARMS,
+    SFT_ARM,
+    evaluate_arms,
+    parse_named_dirs,
+    report_lines,
+    train_arms,
+    train_sft_arm,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "benchmarks" / "configs" / "learning_check_igpo.yaml"
@@ -230,22 +238,8 @@ def check_eval_temperature(value: float | None, rollout_temperature: float) -> f
 def parse_trained(pairs: list[str], arms: list[str]) -> dict[str, str]:
     """--trained ARM=DIR pairs as {arm: policy directory}, refused with the reason when an
     arm is unknown, given twice, also trained here, or its directory is missing."""
-    from rl_checks import ARMS
-
-    known = (*ARMS, SFT_ARM)
-    trained: dict[str, str] = {}
-    for pair in pairs:
-        arm, sep, path = pair.partition("=")
-        if not sep or arm not in known:
-            raise SystemExit(f"--trained takes ARM=DIR with ARM one of {known}, got {pair!r}")
-        if arm in trained or arm in arms:
-            raise SystemExit(f"--trained {pair!r}: arm {arm!r} is already "
-                             f"{'given' if arm in trained else 'in --arms'}")
-        if not (Path(path) / "config.json").is_file():
-            raise SystemExit(f"--trained {pair!r}: {path} is not a saved policy "
-                             "(no config.json)")
-        trained[arm] = path
-    return trained
+    return parse_named_dirs(pairs, "--trained", label="ARM", known=(*ARMS, SFT_ARM),
+                            taken={arm: "in --arms" for arm in arms}, saved_policy=True)
 
 
 def check_sft_arm(args: argparse.Namespace, rl_world: int, igpo_trained_here: bool) -> None:

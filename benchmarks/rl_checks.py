@@ -13,6 +13,28 @@ ARMS = ("igpo", "placebo", "grpo")
 SFT_ARM = "sft"  # learning_check.py's equal-time baseline: more SFT instead of RL
 
 
+def parse_named_dirs(pairs: list[str], option: str, *, label: str = "NAME",
+                     known: tuple[str, ...] | None = None, taken: dict[str, str] | None = None,
+                     saved_policy: bool = False) -> dict[str, str]:
+    """NAME=DIR pairs of a command-line `option` as {name: directory}, in order. Refused
+    with the pair and the reason when it lacks NAME= or DIR, its name is not one of `known`
+    (when given), is `taken` ({name: why}) or given twice, or (saved_policy) DIR holds no
+    saved policy (config.json)."""
+    named: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, path = pair.partition("=")
+        if not sep or not name or not path or (known is not None and name not in known):
+            choice = f" with {label} one of {known}" if known is not None else ""
+            raise SystemExit(f"{option} takes {label}=DIR{choice}, got {pair!r}")
+        if name in named or name in (taken or {}):
+            why = "given" if name in named else (taken or {})[name]
+            raise SystemExit(f"{option} {pair!r}: {label.lower()} {name!r} is already {why}")
+        if saved_policy and not (Path(path) / "config.json").is_file():
+            raise SystemExit(f"{option} {pair!r}: {path} is not a saved policy (no config.json)")
+        named[name] = path
+    return named
+
+
 def arm_config(base: Any, arm: str, seed: int, output: Path) -> Any:
     """The config of one arm: `igpo` (the config as it is), `placebo` (the same with
     random-sign advantages: the same step sizes, clipping and KL, no signal) or `grpo`

@@ -55,12 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.temperature > 0:
         raise SystemExit(f"--temperature must be > 0, got {args.temperature}")
-    policies = {}
-    for pair in args.policies:
-        name, sep, path = pair.partition("=")
-        if not sep or not name or name in policies:
-            raise SystemExit(f"--policies takes unique NAME=DIR pairs, got {pair!r}")
-        policies[name] = path
+    from rl_checks import parse_named_dirs  # a sibling: the script's folder is on sys.path
+
+    policies = parse_named_dirs(args.policies, "--policies", saved_policy=True)
 
     from trainers.modeling.models import load_policy
     from trainers.trajectory import read_trajectories

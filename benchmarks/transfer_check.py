@@ -23,15 +23,11 @@ DEFAULT_CONFIG = REPO / "benchmarks" / "configs" / "fit_check_igpo.yaml"
 
 
 def parse_policies(pairs: list[str]) -> dict[str, str]:
-    policies = {}
-    for pair in pairs:
-        name, sep, path = pair.partition("=")
-        if not sep or not name or not path:
-            raise SystemExit(f"policies are NAME=DIR, got {pair!r}")
-        if name == "start" or name in policies:
-            raise SystemExit(f"policy name {name!r} is taken; names must be unique, not 'start'")
-        policies[name] = path
-    return policies
+    """The positional NAME=DIR pairs: unique names, not 'start', saved policies."""
+    from rl_checks import parse_named_dirs
+
+    return parse_named_dirs(pairs, "policies", taken={"start": "the start's name"},
+                            saved_policy=True)
 
 
 def main(argv: list[str] | None = None) -> int:

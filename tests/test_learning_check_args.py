@@ -159,3 +159,27 @@ def test_a_check_with_nothing_to_train_or_play_is_refused(learning_check, tmp_pa
     with pytest.raises(SystemExit, match="nothing to compare"):
         learning_check.main(["--arms", "--output", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_check_reads_name_dir_pairs_the_same_way(learning_check, tmp_path):
+    """transfer_check's positional policies and token_drift's --policies go through the same
+    parser as --trained: pairs in order, a missing policy or a reused name refused."""
+    a, b = _policy(tmp_path / "a"), _policy(tmp_path / "b")
+    transfer = _script("transfer_check")
+    assert list(transfer.parse_policies([f"igpo={b}", f"placebo={a}"])) == ["igpo", "placebo"]
+    with pytest.raises(SystemExit, match="'start' is already the start's name"):
+        transfer.parse_policies([f"start={a}"])
+    with pytest.raises(SystemExit, match="not a saved policy"):
+        transfer.parse_policies([f"igpo={tmp_path / 'nothing'}"])
+    drift = _script("token_drift")
+    with pytest.raises(SystemExit, match="--policies 'x=.*': name 'x' is already given"):
+        drift.main(["--policies", f"x={a}", f"x={b}", "--trajectories", "none.jsonl"])
+    with pytest.raises(SystemExit, match="--policies takes NAME=DIR, got 'x='"):
+        drift.main(["--policies", "x=", "--trajectories", "none.jsonl"])
