@@ -76,10 +76,7 @@ def learner_step(config: Any, results: list[Any], packing: bool) -> tuple[float,
     algorithm = config.algorithm.build()
     learner = config.learner
     tokenizer, _ = load_tokenizer(config.policy.path)
-    settings = dict(lr=learner.lr, betas=tuple(learner.betas),
-                    weight_decay=learner.weight_decay, eps=learner.eps, grad_clip=learner.grad_clip,
-                    warmup_steps=learner.warmup_steps, micro_batch_size=learner.micro_batch_size,
-                    use_gpu=False, seed=config.run.seed,
+    settings = dict(**learner.optimizer_settings(), use_gpu=False, seed=config.run.seed,
                     temperature=config.rollout.temperature, **learner.model_settings())
     learners = LearnerGroup(WorkerGroup(InProcess(), [WorkerSpec(
         Learner, (config.policy.path, algorithm), settings)]))

@@ -67,10 +67,7 @@ def _start(config: RLConfig, algorithm: Any, backend: Backend, plan: PlacementPl
     search = WorkerGroup(backend, [WorkerSpec(
         SearchService, (config.env.kwargs(),),
         resources={"num_cpus": 0})], role="search service") if config.env.shared_search else None
-    settings = dict(lr=learner.lr, betas=tuple(learner.betas), weight_decay=learner.weight_decay,
-                    eps=learner.eps,
-                    grad_clip=learner.grad_clip, warmup_steps=learner.warmup_steps,
-                    micro_batch_size=learner.micro_batch_size, backend=learner.backend,
+    settings = dict(**learner.optimizer_settings(), backend=learner.backend,
                     strategy=learner.strategy, threads=config.policy.threads,
                     use_gpu=backend.uses_gpu(learner.gpus_per_learner), seed=config.run.seed,
                     world_size=learner.num_learners, temperature=rollout.temperature,

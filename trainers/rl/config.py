@@ -200,6 +200,12 @@ class LearnerConfig:
         "Module names that get adapters.", ("q_proj", "k_proj", "v_proj", "o_proj",
                                              "gate_proj", "up_proj", "down_proj"))
 
+    def optimizer_settings(self) -> dict[str, Any]:
+        """The Learner's AdamW, warm-up, clipping and micro-batch keyword arguments."""
+        return dict(lr=self.lr, betas=tuple(self.betas), weight_decay=self.weight_decay,
+                    eps=self.eps, grad_clip=self.grad_clip, warmup_steps=self.warmup_steps,
+                    micro_batch_size=self.micro_batch_size)
+
     def model_settings(self) -> dict[str, Any]:
         """The Learner's batching, precision, memory and LoRA keyword arguments."""
         return dict(packing=self.packing, micro_batch_tokens=self.micro_batch_tokens,
