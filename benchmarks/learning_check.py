@@ -61,8 +61,10 @@ from rl_checks import (
     ARMS,
     SFT_ARM,
     evaluate_arms,
+    outcome_spread,
     parse_named_dirs,
     report_lines,
+    task_outcomes,
     train_arms,
     train_sft_arm,
 )
@@ -182,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
               "| --- | ---: | ---: | ---: |"]
     lines += [f"| {name} | {b['browse_ratio_correct']:.3f} | {b['browse_ratio_wrong']:.3f} | "
               f"{b['num_correct']:.0f} / {b['num_wrong']:.0f} |" for name, b in browse.items()]
+    outcomes = task_outcomes(runs)
+    lines += ["", f"## Tasks by outcome over their k={args.k} samples", "",
+              "| policy | all solved | none | mixed |", "| --- | ---: | ---: | ---: |"]
+    for name, per_task in outcomes["outcomes"].items():
+        spread = outcome_spread(per_task)
+        lines.append(f"| {name} | {spread['all']} | {spread['none']} | {spread['mixed']} |")
     if sft_history:
         lines += ["", f"The sft arm: {len(sft_history)} SFT steps on fresh oracle episodes "
                   f"({args.sft_config}), loss {sft_history[0]['loss']:.3f} -> "
@@ -194,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         "temperature": base.rollout.temperature, "eval_temperature": eval_temperature,
         "tasks": tasks, "tables": {t: {m: d.as_dict() for m, d in table.items()}
                                    for t, table in tables.items()},
-        "history": histories, "sft_history": sft_history, "seconds": seconds},
+        "history": histories, "sft_history": sft_history, "seconds": seconds,
+        "per_task": outcomes},
         indent=2, default=str))
     print("\n" + text)
     for arm in finals:

@@ -147,6 +147,37 @@ def evaluate_arms(base: Any, finals: dict[str, str], held_out: list[Any], *, k: 
     return runs, arm_tables(runs, list(finals), seed)
 
 
+def task_outcomes(runs: dict[str, Any]) -> dict[str, Any]:
+    """Every sample's outcome, per played policy and task, in the runs' shared task order:
+    {"tasks": ["<held-out split>/<task id>", ...], "outcomes": {policy: [[outcome of each
+    sample] per task]}}. Refused when the runs do not list the same tasks in the same order
+    (their pairing would be wrong)."""
+    from trainers.evaluation.metrics import outcome
+
+    def keys(run: Any) -> list[str]:
+        return [f"{group[0].metadata.get('held_out')}/{group[0].task_id}"
+                for group in run.per_task]
+
+    names = list(runs)
+    tasks = keys(runs[names[0]]) if names else []
+    for name in names[1:]:
+        if keys(runs[name]) != tasks:
+            raise ValueError(f"{name} played other tasks than {names[0]}: not paired")
+    return {"tasks": tasks, "outcomes": {name: [[outcome(t) for t in group]
+                                                for group in run.per_task]
+                                         for name, run in runs.items()}}
+
+
+def outcome_spread(per_task: list[list[float]]) -> dict[str, int]:
+    """How many tasks every sample solved, none did, or some did (outcome >= 0.5 correct):
+    only the mixed ones give a group of samples an outcome signal to learn from."""
+    counts = {"all": 0, "none": 0, "mixed": 0}
+    for samples in per_task:
+        solved = sum(o >= 0.5 for o in samples)
+        counts["all" if solved == len(samples) else "none" if solved == 0 else "mixed"] += 1
+    return counts
+
+
 def report_lines(title: str, intro: str, histories: dict[str, list[dict[str, float]]],
                  tables: dict[str, dict[str, Any]]) -> list[str]:
     """The check's results.md: the training table, then one paired table per comparison."""

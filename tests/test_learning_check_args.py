@@ -183,3 +183,33 @@ def test_every_check_reads_name_dir_pairs_the_same_way(learning_check, tmp_path)
         drift.main(["--policies", f"x={a}", f"x={b}", "--trajectories", "none.jsonl"])
     with pytest.raises(SystemExit, match="--policies takes NAME=DIR, got 'x='"):
         drift.main(["--policies", "x=", "--trajectories", "none.jsonl"])
+
+
+def _run(outcomes_by_task: dict[str, list[float | None]]):
+    """A played run as the checks see it: per task, its samples (outcome, task id, split)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(per_task=[
+        [SimpleNamespace(task_id=task, outcome=o, metadata={"held_out": "world 0 test"})
+         for o in samples] for task, samples in outcomes_by_task.items()])
+
+
+def test_task_outcomes_keep_every_sample_in_the_shared_task_order(learning_check):
+    from rl_checks import outcome_spread, task_outcomes
+
+    runs = {"start": _run({"a": [1.0, 0.0], "b": [None, 0.0], "c": [1.0, 1.0]}),
+            "igpo": _run({"a": [1.0, 1.0], "b": [0.0, 0.0], "c": [0.0, 1.0]})}
+    table = task_outcomes(runs)
+    assert table["tasks"] == ["world 0 test/a", "world 0 test/b", "world 0 test/c"]
+    assert table["outcomes"]["start"] == [[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]]  # None -> 0
+    assert outcome_spread(table["outcomes"]["start"]) == {"all": 1, "none": 1, "mixed": 1}
+    assert outcome_spread(table["outcomes"]["igpo"]) == {"all": 1, "none": 1, "mixed": 1}
+    assert outcome_spread([[0.6, 0.4, 0.5]]) == {"all": 0, "none": 0, "mixed": 1}
+
+
+def test_task_outcomes_refuse_runs_that_played_other_tasks(learning_check):
+    from rl_checks import task_outcomes
+
+    runs = {"start": _run({"a": [1.0], "b": [0.0]}), "igpo": _run({"b": [0.0], "a": [1.0]})}
+    with pytest.raises(ValueError, match="igpo played other tasks than start"):
+        task_outcomes(runs)
