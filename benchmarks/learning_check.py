@@ -64,6 +64,7 @@ from rl_checks import (
     outcome_spread,
     parse_named_dirs,
     report_lines,
+    save_played,
     task_outcomes,
     train_arms,
     train_sft_arm,
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += [f"| {name} | {b['browse_ratio_correct']:.3f} | {b['browse_ratio_wrong']:.3f} | "
               f"{b['num_correct']:.0f} / {b['num_wrong']:.0f} |" for name, b in browse.items()]
     outcomes = task_outcomes(runs)
+    save_played(runs, output / "played")
     lines += ["", f"## Tasks by outcome over their k={args.k} samples", "",
               "| policy | all solved | none | mixed |", "| --- | ---: | ---: | ---: |"]
     for name, per_task in outcomes["outcomes"].items():

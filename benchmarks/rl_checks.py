@@ -168,6 +168,24 @@ def task_outcomes(runs: dict[str, Any]) -> dict[str, Any]:
                                          for name, run in runs.items()}}
 
 
+def save_played(runs: dict[str, Any], directory: Path) -> dict[str, Path]:
+    """Every played trajectory, as text (token ids, masks and log-probs dropped, like
+    `venus-gym eval`'s results.jsonl), one file per policy: <directory>/<policy>.jsonl, tasks
+    in the runs' shared order and each task's samples together; `venus-gym view` reads
+    them. Returns the files by policy."""
+    from trainers.evaluation.run import TOKEN_FIELDS
+    from trainers.trajectory import write_trajectories
+
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for name, run in runs.items():
+        files[name] = directory / f"{name}.jsonl"
+        write_trajectories(files[name], (
+            dataclasses.replace(trajectory, **{field: None for field in TOKEN_FIELDS})
+            for group in run.per_task for trajectory in group))
+    return files
+
+
 def outcome_spread(per_task: list[list[float]]) -> dict[str, int]:
     """How many tasks every sample solved, none did, or some did (outcome >= 0.5 correct):
     only the mixed ones give a group of samples an outcome signal to learn from."""

@@ -213,3 +213,28 @@ def test_task_outcomes_refuse_runs_that_played_other_tasks(learning_check):
     runs = {"start": _run({"a": [1.0], "b": [0.0]}), "igpo": _run({"b": [0.0], "a": [1.0]})}
     with pytest.raises(ValueError, match="igpo played other tasks than start"):
         task_outcomes(runs)
+
+
+def test_played_trajectories_are_saved_as_text_per_policy(learning_check, tmp_path):
+    from types import SimpleNamespace
+
+    from rl_checks import save_played
+
+    from trainers.trajectory import Trajectory, read_trajectories
+
+    def played(task: str, outcome: float) -> Trajectory:
+        return Trajectory(id=f"{task}/0", task_id=task, outcome=outcome,
+                          messages=[{"role": "user", "content": "q"},
+                                    {"role": "assistant", "content": "<answer>a</answer>"}],
+                          input_ids=[1, 2, 3], loss_mask=[0, 1, 1], question_end=1,
+                          metadata={"held_out": "world 0 test"})
+
+    runs = {"start": SimpleNamespace(per_task=[[played("a", 1.0)], [played("b", 0.0)]]),
+            "igpo": SimpleNamespace(per_task=[[played("a", 0.0)], [played("b", 0.0)]])}
+    files = save_played(runs, tmp_path / "played")
+    assert sorted(p.name for p in (tmp_path / "played").iterdir()) == ["igpo.jsonl", "start.jsonl"]
+    start = read_trajectories(files["start"])
+    assert [(t.task_id, t.outcome) for t in start] == [("a", 1.0), ("b", 0.0)]
+    assert all(t.input_ids is None and t.loss_mask is None and t.question_end is None
+               for t in start)
+    assert [t.outcome for t in read_trajectories(files["igpo"])] == [0.0, 0.0]
