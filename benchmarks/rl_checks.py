@@ -153,17 +153,14 @@ def task_outcomes(runs: dict[str, Any]) -> dict[str, Any]:
     sample] per task]}}. Refused when the runs do not list the same tasks in the same order
     (their pairing would be wrong)."""
     from trainers.evaluation.metrics import outcome
-
-    def keys(run: Any) -> list[str]:
-        return [f"{group[0].metadata.get('held_out')}/{group[0].task_id}"
-                for group in run.per_task]
+    from trainers.evaluation.paired import task_keys
 
     names = list(runs)
-    tasks = keys(runs[names[0]]) if names else []
+    keys = task_keys(runs[names[0]]) if names else []
     for name in names[1:]:
-        if keys(runs[name]) != tasks:
+        if task_keys(runs[name]) != keys:
             raise ValueError(f"{name} played other tasks than {names[0]}: not paired")
-    return {"tasks": tasks, "outcomes": {name: [[outcome(t) for t in group]
+    return {"tasks": [f"{split}/{task}" for split, task in keys], "outcomes": {name: [[outcome(t) for t in group]
                                                 for group in run.per_task]
                                          for name, run in runs.items()}}
 

@@ -108,7 +108,8 @@ class Difference:
                 "diff": self.diff, "diff_se": self.diff_se, "z": self.z, "worse": self.worse}
 
 
-def _keys(evaluation: Evaluation) -> list[Any]:
+def task_keys(evaluation: Evaluation) -> list[tuple[Any, str]]:
+    """(held-out split name, task id) of each played task, in order: what pairs two runs."""
     return [(g[0].metadata.get("held_out"), g[0].task_id) for g in evaluation.per_task]
 
 
@@ -120,7 +121,7 @@ def compare(a: Evaluation, b: Evaluation, metrics: Sequence[str] = HEADLINE, *,
         ValueError: the two evaluations did not play the same tasks in the same order, or a
             metric is unknown.
     """
-    if _keys(a) != _keys(b):
+    if task_keys(a) != task_keys(b):
         raise ValueError("compare needs two evaluations of the same tasks in the same order "
                          "(paired_evaluate plays every policy on one task list)")
     unknown = [m for m in metrics if m not in METRICS]
