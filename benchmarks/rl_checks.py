@@ -160,9 +160,9 @@ def task_outcomes(runs: dict[str, Any]) -> dict[str, Any]:
     for name in names[1:]:
         if task_keys(runs[name]) != keys:
             raise ValueError(f"{name} played other tasks than {names[0]}: not paired")
-    return {"tasks": [f"{split}/{task}" for split, task in keys], "outcomes": {name: [[outcome(t) for t in group]
-                                                for group in run.per_task]
-                                         for name, run in runs.items()}}
+    outcomes = {name: [[outcome(t) for t in group] for group in run.per_task]
+                for name, run in runs.items()}
+    return {"tasks": [f"{split}/{task}" for split, task in keys], "outcomes": outcomes}
 
 
 def save_played(runs: dict[str, Any], directory: Path) -> dict[str, Path]:
@@ -184,11 +184,14 @@ def save_played(runs: dict[str, Any], directory: Path) -> dict[str, Path]:
 
 
 def outcome_spread(per_task: list[list[float]]) -> dict[str, int]:
-    """How many tasks every sample solved, none did, or some did (outcome >= 0.5 correct):
-    only the mixed ones give a group of samples an outcome signal to learn from."""
+    """How many tasks every sample solved, none did, or some did (correct as the metrics
+    count it: outcome >= CORRECT_THRESHOLD). Only the mixed ones give a group of samples an
+    outcome signal to learn from."""
+    from trainers.evaluation.metrics import CORRECT_THRESHOLD
+
     counts = {"all": 0, "none": 0, "mixed": 0}
     for samples in per_task:
-        solved = sum(o >= 0.5 for o in samples)
+        solved = sum(o >= CORRECT_THRESHOLD for o in samples)
         counts["all" if solved == len(samples) else "none" if solved == 0 else "mixed"] += 1
     return counts
 
