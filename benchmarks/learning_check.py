@@ -18,11 +18,14 @@ From the packaged warm start (`warm-start`, trainers/warm_start/README.md, or --
    --trained ARM=DIR plays a policy an earlier check of the same config and seed trained,
    instead of training that arm again);
 3. the start and every trained policy play the same held-out tasks with
-   the same sampling seeds (trainers.evaluation.paired): test-split tasks of the RL world and of
-   a validation world (--validation-world) that neither RL nor the warm start's SFT used
-   (--num-tasks of each; 0 = all), --k samples per task at the rollout temperature
-   (or --eval-temperature: roll out at one temperature, play the held-out tasks at another);
-4. paired differences with task-clustered bootstrap SEs.
+   the same sampling seeds (trainers.evaluation.paired): test-split tasks of the RL world (or
+   of --held-out-world) and of a validation world (--validation-world) that neither RL nor
+   the warm start's SFT used (--num-tasks of each; 0 = all), --k samples per task at the
+   rollout temperature (or --eval-temperature: roll out at one temperature, play the
+   held-out tasks at another);
+4. paired differences with task-clustered bootstrap SEs, overall and per held-out split
+   (RL's test split shares its world's names with the questions RL trained on; the
+   validation world shares nothing).
 
 Prints the three policies' numbers, the paired tables, and
 
@@ -65,6 +68,8 @@ from rl_checks import (
     parse_named_dirs,
     report_lines,
     save_played,
+    split_lines,
+    split_tables,
     task_outcomes,
     train_arms,
     train_sft_arm,
@@ -101,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="tasks played at once in the evaluation (shared engine calls)")
     parser.add_argument("--validation-world", type=int, default=45,
                         help="a world seed neither RL nor the warm start's SFT used")
+    parser.add_argument("--held-out-world", type=int, default=None,
+                        help="the world whose test split is the first held-out set (default: "
+                             "the RL world, env.world_seed; another one makes both sets "
+                             "worlds RL never played)")
     parser.add_argument("--config", default=str(DEFAULT_CONFIG))
     parser.add_argument("--sft-config", default=str(DEFAULT_SFT_CONFIG),
                         help="the sft arm's SFT config (its model is replaced by the start)")
@@ -140,9 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--validation-world {args.validation_world} was used in training "
                          f"(RL world {base.env.world_seed}, SFT worlds "
                          f"{sorted(used - {base.env.world_seed})}): pick another")
+    held_out_world = check_held_out_world(args.held_out_world, base.env.world_seed,
+                                          args.validation_world, info)
     rl_arms = [arm for arm in args.arms if arm != SFT_ARM]
     if SFT_ARM in args.arms:
-        check_sft_arm(args, base.env.world_seed, "igpo" in rl_arms)
+        check_sft_arm(args, base.env.world_seed, "igpo" in rl_arms, held_out_world)
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     print(f"start: {base.policy.path}; {', '.join(args.arms) or 'nothing trained here'}: "
@@ -164,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         if metrics.is_file():
             histories[arm] = read_metrics(metrics)
     env = base.env.kwargs()
-    held_out = [HeldOut(f"world {base.env.world_seed} test", env, "test", args.num_tasks),
+    held_out = [HeldOut(f"world {held_out_world} test", {**env, "world_seed": held_out_world},
+                        "test", args.num_tasks),
                 HeldOut(f"world {args.validation_world} test",
                         {**env, "world_seed": args.validation_world}, "test", args.num_tasks)]
     runs, tables = evaluate_arms(base, finals, held_out, k=args.k, seed=args.seed,
@@ -185,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
               "| --- | ---: | ---: | ---: |"]
     lines += [f"| {name} | {b['browse_ratio_correct']:.3f} | {b['browse_ratio_wrong']:.3f} | "
               f"{b['num_correct']:.0f} / {b['num_wrong']:.0f} |" for name, b in browse.items()]
+    by_split = split_tables(runs, list(finals), args.seed)
+    lines += ["", "## By held-out split", "", *split_lines(by_split)]
     outcomes = task_outcomes(runs)
     save_played(runs, output / "played")
     lines += ["", f"## Tasks by outcome over their k={args.k} samples", "",
@@ -205,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         "tasks": tasks, "tables": {t: {m: d.as_dict() for m, d in table.items()}
                                    for t, table in tables.items()},
         "history": histories, "sft_history": sft_history, "seconds": seconds,
+        "by_split": {split: {arm: d.as_dict() for arm, d in row.items()}
+                     for split, row in by_split.items()},
         "per_task": outcomes},
         indent=2, default=str))
     print("\n" + text)
@@ -246,6 +262,22 @@ def check_eval_temperature(value: float | None, rollout_temperature: float) -> f
     return value
 
 
+def check_held_out_world(world: int | None, rl_world: int, validation_world: int,
+                         info: dict[str, Any] | None) -> int:
+    """The first held-out set's world: the RL world unless given; refused when it is an SFT
+    world of the start or the validation world (the two sets would be one)."""
+    if world is None:
+        return rl_world
+    sft_worlds = set((info or {}).get("sft_world_seeds", []))
+    if world in sft_worlds:
+        raise SystemExit(f"--held-out-world {world} is one of the start's SFT worlds "
+                         f"{sorted(sft_worlds)}: pick another")
+    if world == validation_world:
+        raise SystemExit(f"--held-out-world {world} is the validation world too: pick "
+                         "another for one of them")
+    return world
+
+
 def parse_trained(pairs: list[str], arms: list[str]) -> dict[str, str]:
     """--trained ARM=DIR pairs as {arm: policy directory}, refused with the reason when an
     arm is unknown, given twice, also trained here, or its directory is missing."""
@@ -253,7 +285,8 @@ def parse_trained(pairs: list[str], arms: list[str]) -> dict[str, str]:
                             taken={arm: "in --arms" for arm in arms}, saved_policy=True)
 
 
-def check_sft_arm(args: argparse.Namespace, rl_world: int, igpo_trained_here: bool) -> None:
+def check_sft_arm(args: argparse.Namespace, rl_world: int, igpo_trained_here: bool,
+                  held_out_world: int | None = None) -> None:
     """Refuse an sft arm that would train on a world RL or the evaluation plays, or that has
     no time budget (IGPO trained elsewhere and no --sft-seconds), before anything runs."""
     from trainers.sft.config import load_config
@@ -265,11 +298,12 @@ def check_sft_arm(args: argparse.Namespace, rl_world: int, igpo_trained_here: bo
         raise SystemExit(f"--sft-seconds must be > 0, got {args.sft_seconds}")
     config = load_config(args.sft_config)
     worlds = set(config.data.world_seeds or [config.env.world_seed])
-    clash = worlds & {rl_world, args.validation_world}
+    played = {args.validation_world, rl_world if held_out_world is None else held_out_world}
+    clash = worlds & ({rl_world} | played)
     if clash:
         raise SystemExit(f"{args.sft_config}: the sft arm's worlds {sorted(worlds)} include "
                          f"{sorted(clash)}, which RL (world {rl_world}) or the evaluation "
-                         f"(validation world {args.validation_world}) plays: pick others")
+                         f"(worlds {sorted(played)}) plays: pick others")
 
 
 def browse_ratios(runs: dict[str, Any]) -> dict[str, dict[str, float]]:

@@ -129,6 +129,37 @@ def arm_tables(runs: dict[str, Any], arms: list[str], seed: int) -> dict[str, di
     return tables
 
 
+def split_tables(runs: dict[str, Any], arms: list[str], seed: int,
+                 metric: str = "pass@1") -> dict[str, dict[str, Any]]:
+    """Every arm vs the start on each held-out split alone ({split: {arm: Difference}}):
+    whether a change is on the world RL trained on or on one it never saw."""
+    from trainers.evaluation.paired import compare, task_keys
+
+    splits = list(dict.fromkeys(split for split, _ in task_keys(runs["start"])))
+
+    def only(run: Any, split: str) -> Any:
+        return dataclasses.replace(run, per_task=[
+            group for (name, _), group in zip(task_keys(run), run.per_task) if name == split])
+
+    return {split: {arm: compare(only(runs["start"], split), only(runs[arm], split),
+                                 (metric,), seed=seed)[metric] for arm in arms}
+            for split in splits}
+
+
+def split_lines(tables: dict[str, dict[str, Any]], metric: str = "pass@1") -> list[str]:
+    """split_tables as markdown: one row per held-out split, the start's value and each
+    arm's change from it (paired SE, z)."""
+    arms = list(next(iter(tables.values()), {}))
+    lines = [f"| split | start | {' | '.join(arms)} |",
+             "| --- | ---: |" + " ---: |" * len(arms)]
+    for split, row in tables.items():
+        start = next(iter(row.values()))
+        cells = [f"{d.b:.3f} ({d.diff:+.3f} ± {d.diff_se:.3f}, z {d.z:+.2f})"
+                 for d in row.values()]
+        lines.append(f"| {split} | {start.a:.3f} | {' | '.join(cells)} |")
+    return [f"{metric} by held-out split (change from the start, paired SE):", "", *lines]
+
+
 def evaluate_arms(base: Any, finals: dict[str, str], held_out: list[Any], *, k: int,
                   seed: int, temperature: float, groups_per_call: int,
                   seconds: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -81,13 +81,16 @@ def _sft_args(learning_check, tmp_path, *extra, worlds=None):
     return parser.parse_args(list(extra))
 
 
-@pytest.mark.parametrize("worlds, says", [("[37, 0]", r"include \[0\]"),
-                                          ("[45, 46]", r"include \[45\]")])
+@pytest.mark.parametrize("worlds, held_out_world, says", [
+    ("[37, 0]", None, r"include \[0\]"), ("[45, 46]", None, r"include \[45\]"),
+    ("[37, 0]", 50, r"include \[0\]"), ("[37, 50]", 50, r"include \[50\].*worlds \[45, 50\]")])
 def test_an_sft_arm_on_a_world_rl_or_the_evaluation_plays_is_refused(learning_check, tmp_path,
-                                                                     worlds, says):
+                                                                     worlds, held_out_world,
+                                                                     says):
     args = _sft_args(learning_check, tmp_path, worlds=worlds)
     with pytest.raises(SystemExit, match=says):
-        learning_check.check_sft_arm(args, rl_world=0, igpo_trained_here=True)
+        learning_check.check_sft_arm(args, rl_world=0, igpo_trained_here=True,
+                                     held_out_world=held_out_world)
 
 
 def test_an_sft_arm_needs_a_budget(learning_check, tmp_path):
@@ -238,3 +241,41 @@ def test_played_trajectories_are_saved_as_text_per_policy(learning_check, tmp_pa
     assert all(t.input_ids is None and t.loss_mask is None and t.question_end is None
                for t in start)
     assert [t.outcome for t in read_trajectories(files["igpo"])] == [0.0, 0.0]
+
+
+def _evaluation(outcomes_by_task: dict[tuple[str, str], list[float]]):
+    """A played run with its tasks on named held-out splits: {(split, task): outcomes}."""
+    from types import SimpleNamespace
+
+    from trainers.evaluation.evaluate import Evaluation
+
+    return Evaluation(per_task=[
+        [SimpleNamespace(task_id=task, outcome=o, metadata={"held_out": split})
+         for o in samples] for (split, task), samples in outcomes_by_task.items()], k=2)
+
+
+def test_split_tables_compare_each_held_out_split_alone(learning_check):
+    from rl_checks import split_lines, split_tables
+
+    start = _evaluation({("world 0 test", "a"): [1.0, 1.0], ("world 0 test", "b"): [1.0, 0.0],
+                         ("world 45 test", "c"): [0.0, 0.0], ("world 45 test", "d"): [1.0, 0.0]})
+    igpo = _evaluation({("world 0 test", "a"): [0.0, 0.0], ("world 0 test", "b"): [1.0, 0.0],
+                        ("world 45 test", "c"): [0.0, 0.0], ("world 45 test", "d"): [1.0, 0.0]})
+    tables = split_tables({"start": start, "igpo": igpo}, ["igpo"], seed=0)
+    assert list(tables) == ["world 0 test", "world 45 test"]
+    rl_world, unseen = tables["world 0 test"]["igpo"], tables["world 45 test"]["igpo"]
+    assert (rl_world.a, rl_world.b, rl_world.diff) == (0.75, 0.25, -0.5)
+    assert (unseen.a, unseen.b, unseen.diff, unseen.diff_se) == (0.25, 0.25, 0.0, 0.0)
+    lines = split_lines(tables)
+    assert lines[-2].startswith("| world 0 test | 0.750 | 0.250 (-0.500 ± ")
+    assert lines[-1].startswith("| world 45 test | 0.250 | 0.250 (+0.000 ± 0.000, z +0.00)")
+
+
+def test_held_out_world_defaults_to_the_rl_world_and_refuses_trained_ones(learning_check):
+    info = {"sft_world_seeds": [1, 2, 3]}
+    assert learning_check.check_held_out_world(None, 0, 45, info) == 0
+    assert learning_check.check_held_out_world(0, 46, 45, info) == 0
+    with pytest.raises(SystemExit, match="--held-out-world 2 is one of the start's SFT worlds"):
+        learning_check.check_held_out_world(2, 46, 45, info)
+    with pytest.raises(SystemExit, match="--held-out-world 45 is the validation world too"):
+        learning_check.check_held_out_world(45, 46, 45, info)
