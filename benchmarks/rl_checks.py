@@ -129,9 +129,9 @@ def arm_tables(runs: dict[str, Any], arms: list[str], seed: int) -> dict[str, di
     return tables
 
 
-def split_tables(runs: dict[str, Any], arms: list[str], seed: int,
-                 metric: str = "pass@1") -> dict[str, dict[str, Any]]:
-    """Every arm vs the start on each held-out split alone ({split: {arm: Difference}}):
+def split_tables(runs: dict[str, Any], arms: list[str], seed: int) -> dict[str, dict[str, Any]]:
+    """Every arm vs the start on pass@1, on each held-out split alone ({split: {arm:
+    Difference}}):
     whether a change is on the world RL trained on or on one it never saw."""
     from trainers.evaluation.paired import compare, task_keys
 
@@ -142,11 +142,11 @@ def split_tables(runs: dict[str, Any], arms: list[str], seed: int,
             group for (name, _), group in zip(task_keys(run), run.per_task) if name == split])
 
     return {split: {arm: compare(only(runs["start"], split), only(runs[arm], split),
-                                 (metric,), seed=seed)[metric] for arm in arms}
+                                 ("pass@1",), seed=seed)["pass@1"] for arm in arms}
             for split in splits}
 
 
-def split_lines(tables: dict[str, dict[str, Any]], metric: str = "pass@1") -> list[str]:
+def split_lines(tables: dict[str, dict[str, Any]]) -> list[str]:
     """split_tables as markdown: one row per held-out split, the start's value and each
     arm's change from it (paired SE, z)."""
     arms = list(next(iter(tables.values()), {}))
@@ -157,7 +157,7 @@ def split_lines(tables: dict[str, dict[str, Any]], metric: str = "pass@1") -> li
         cells = [f"{d.b:.3f} ({d.diff:+.3f} ± {d.diff_se:.3f}, z {d.z:+.2f})"
                  for d in row.values()]
         lines.append(f"| {split} | {start.a:.3f} | {' | '.join(cells)} |")
-    return [f"{metric} by held-out split (change from the start, paired SE):", "", *lines]
+    return ["pass@1 by held-out split (change from the start, paired SE):", "", *lines]
 
 
 def evaluate_arms(base: Any, finals: dict[str, str], held_out: list[Any], *, k: int,
