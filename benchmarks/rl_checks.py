@@ -131,8 +131,7 @@ def arm_tables(runs: dict[str, Any], arms: list[str], seed: int) -> dict[str, di
 
 def split_tables(runs: dict[str, Any], arms: list[str], seed: int) -> dict[str, dict[str, Any]]:
     """Every arm vs the start on pass@1, on each held-out split alone ({split: {arm:
-    Difference}}):
-    whether a change is on the world RL trained on or on one it never saw."""
+    Difference}}): whether a change is on the world RL trained on or one it never saw."""
     from trainers.evaluation.paired import compare, task_keys
 
     splits = list(dict.fromkeys(split for split, _ in task_keys(runs["start"])))
