@@ -4,6 +4,7 @@
     python benchmarks/learning_check.py --seed 1 --arms igpo grpo --output runs/lc1
     python benchmarks/learning_check.py --arms grpo --trained igpo=runs/learning_check/igpo/final
     python benchmarks/learning_check.py --arms --trained igpo=DIR placebo=DIR --eval-temperature 0.5
+    python benchmarks/learning_check.py --arms --trained igpo@16=RUN/igpo/checkpoint-000016/policy
 
 From the packaged warm start (`warm-start`, trainers/warm_start/README.md, or --policy):
 
@@ -16,7 +17,8 @@ From the packaged warm start (`warm-start`, trainers/warm_start/README.md, or --
    episodes of worlds no other stage uses, benchmarks/configs/learning_check_sft.yaml, for
    the IGPO arm's wall time, data included (or --sft-seconds);
    --trained ARM=DIR plays a policy an earlier check of the same config and seed trained,
-   instead of training that arm again);
+   instead of training that arm again; ARM@STEP=DIR plays an arm's checkpoint, exported
+   with `venus-gym export-policy`, beside it: a held-out learning curve);
 3. the start and every trained policy play the same held-out tasks with
    the same sampling seeds (trainers.evaluation.paired): test-split tasks of the RL world (or
    of --held-out-world) and of a validation world (--validation-world) that neither RL nor
@@ -95,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                              "loss), sft (more SFT for the IGPO arm's wall time)")
     parser.add_argument("--trained", nargs="*", default=[], metavar="ARM=DIR",
                         help="arms trained by an earlier check (same config and seed): their "
-                             "final policy directories are played, not trained again")
+                             "final policy directories are played, not trained again; "
+                             "ARM@STEP=DIR names an arm's exported checkpoint")
     parser.add_argument("--lr", type=float, default=None, help="learning rate (config: learner.lr)")
     parser.add_argument("--temperature", type=float, default=None,
                         help="rollout and evaluation temperature (config: rollout.temperature)")
@@ -279,9 +282,16 @@ def check_held_out_world(world: int | None, rl_world: int, validation_world: int
 
 
 def parse_trained(pairs: list[str], arms: list[str]) -> dict[str, str]:
-    """--trained ARM=DIR pairs as {arm: policy directory}, refused with the reason when an
-    arm is unknown, given twice, also trained here, or its directory is missing."""
-    return parse_named_dirs(pairs, "--trained", label="ARM", known=(*ARMS, SFT_ARM),
+    """--trained ARM=DIR or ARM@STEP=DIR pairs (an arm's checkpoint at a step, e.g. igpo@16)
+    as {name: policy directory}, refused with the reason when an arm is unknown, a step not
+    a whole number, a name given twice or also trained here, or its directory is missing."""
+    known = (*ARMS, SFT_ARM)
+    for pair in pairs:
+        arm, at, step = pair.partition("=")[0].partition("@")
+        if arm not in known or (at and not step.isdigit()):
+            raise SystemExit(f"--trained takes ARM=DIR or ARM@STEP=DIR with ARM one of {known} "
+                             f"and STEP a whole number, got {pair!r}")
+    return parse_named_dirs(pairs, "--trained", label="ARM",
                             taken={arm: "in --arms" for arm in arms}, saved_policy=True)
 
 

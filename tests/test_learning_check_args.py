@@ -41,11 +41,21 @@ def test_trained_arms_map_to_their_directories(learning_check, tmp_path):
     assert learning_check.parse_trained([], ["igpo"]) == {}
 
 
+def test_an_arms_checkpoints_play_beside_it_under_their_step(learning_check, tmp_path):
+    step16 = _policy(tmp_path / "igpo" / "checkpoint-000016" / "policy")
+    step32 = _policy(tmp_path / "igpo" / "checkpoint-000032" / "policy")
+    assert learning_check.parse_trained([f"igpo@16={step16}", f"igpo@32={step32}"], ["igpo"]) \
+        == {"igpo@16": str(step16), "igpo@32": str(step32)}
+
+
 @pytest.mark.parametrize("pair, arms, says", [
     ("ppo={p}", ["grpo"], "ARM one of"),          # not an arm of the check
     ("{p}", ["grpo"], "ARM one of"),              # no ARM=
     ("igpo={p}", ["igpo", "grpo"], "in --arms"),  # trained here as well
     ("igpo={p}/missing", ["grpo"], "not a saved policy"),
+    ("igpo@last={p}", ["grpo"], "STEP a whole number"),
+    ("igpo@={p}", ["grpo"], "STEP a whole number"),
+    ("ppo@16={p}", ["grpo"], "ARM one of"),
 ])
 def test_wrong_trained_pairs_are_refused_with_the_reason(learning_check, tmp_path, pair, arms,
                                                          says):

@@ -134,6 +134,41 @@ def test_in_process_run_restarted_from_its_checkpoint_matches_the_uninterrupted_
     assert list((tmp_path / "restart" / "samples").glob("step-*.jsonl"))
 
 
+def test_a_checkpoint_exports_as_a_playable_policy_with_its_steps_weights(tmp_path, policy_dir,
+                                                                          capsys):
+    """export_policy writes checkpoint-N's weights as a model directory: the last one equals
+    the run's final policy, an earlier one does not; it carries the run's env record; bad
+    input is refused with what is wrong (also through `venus-gym export-policy`)."""
+    from trainers.cli import main as cli_main
+    from trainers.modeling.models import load_policy
+    from trainers.modeling.warm_start import policy_record
+    from trainers.rl.checkpoint import export_policy
+
+    run = train(small_config(policy_dir, tmp_path / "run", steps=2))
+    final, _, _ = load_policy(str(tmp_path / "run" / "final"))
+    last = export_policy(tmp_path / "run" / "checkpoint-000002")
+    assert last == tmp_path / "run" / "checkpoint-000002" / "policy"
+    exported, _, _ = load_policy(str(last))
+    assert same_weights(exported.state_dict(), final.state_dict())
+    assert same_weights(exported.state_dict(), run.weights)
+    assert cli_main(["export-policy", str(tmp_path / "run" / "checkpoint-000001"),
+                     "--output", str(tmp_path / "step1")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    first, _, _ = load_policy(str(tmp_path / "step1"))
+    assert not same_weights(first.state_dict(), final.state_dict(), atol=1e-6)
+    record = policy_record(str(tmp_path / "step1"))
+    assert record == policy_record(str(tmp_path / "run" / "final"))
+    assert record["stage"] == "rl" and record["env"]["search_top_k"] == 2
+
+    with pytest.raises(FileNotFoundError, match="not an RL checkpoint"):
+        export_policy(tmp_path / "run" / "final")
+    assert cli_main(["export-policy", str(tmp_path / "run")]) == 2
+    assert "not an RL checkpoint" in capsys.readouterr().err
+    (tmp_path / "run" / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="config.json is missing"):
+        export_policy(tmp_path / "run" / "checkpoint-000001")
+
+
 @pytest.mark.ray
 def test_ray_two_learners_shared_search_and_a_killed_rollout_worker(tmp_path, policy_dir):
     """On Ray: 2 learners (gloo), 2 rollout workers, one shared search actor. A rollout

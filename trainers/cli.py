@@ -20,6 +20,9 @@
                                    # a static HTML page to read trajectories (eval results,
                                    #   RL samples) in a browser
     venus-gym chat --policy DIR    # ask a question, watch the agent's turns (needs .[train])
+    venus-gym export-policy runs/rl/checkpoint-000016
+                                   # an RL checkpoint's weights as a playable model directory
+                                   #   (CHECKPOINT/policy; needs .[train])
     venus-gym serve-retrieval --world NAME_OR_PATH --port 8000
                                    # a world's pages behind POST /retrieve (Search-R1, SkyRL
                                    #   and GEM clients; docs/integrations.md)
@@ -287,6 +290,20 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return main_args(args)
 
 
+def cmd_export_policy(args: argparse.Namespace) -> int:
+    try:
+        from trainers.rl.checkpoint import export_policy
+    except ImportError as e:
+        return _needs_train_extras("export-policy", e)
+    try:
+        dest = export_policy(args.checkpoint, args.output)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"venus-gym export-policy: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {dest} (play it: venus-gym eval --policy {dest} ...)")
+    return 0
+
+
 def add_override_arguments(parser: argparse.ArgumentParser) -> None:
     """`dotted.key=value` overrides and --print-config (trainers.config_utils)."""
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
@@ -394,6 +411,14 @@ def build_parser() -> argparse.ArgumentParser:
                                      "tool calls, tool responses, answer) in the terminal")
     add_chat_arguments(ch)
     ch.set_defaults(func=cmd_chat)
+
+    ex = sub.add_parser("export-policy", help="write an RL checkpoint's weights as a model "
+                                              "directory that eval, chat, rl and the checks "
+                                              "play (docs/rl.md)")
+    ex.add_argument("checkpoint", help="a run's checkpoint directory (checkpoint-NNNNNN)")
+    ex.add_argument("--output", default=None,
+                    help="where to write the policy (default: CHECKPOINT/policy)")
+    ex.set_defaults(func=cmd_export_policy)
 
     sr = sub.add_parser("serve-retrieval", help="serve a world's pages over POST /retrieve "
                                                 "(Search-R1 JSON, SkyRL's single query, GEM's "

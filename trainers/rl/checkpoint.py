@@ -5,6 +5,11 @@
     output_dir/checkpoint-000010/driver.json   the step, the data position, the evaluation
                                                of the starting policy
 
+    export_policy(output_dir/checkpoint-000010)  -> checkpoint-000010/policy: the weights as
+                                               a model directory that eval, chat, RL and
+                                               the learning check play (`venus-gym
+                                               export-policy`)
+
 A step's tasks and sampling seeds are a pure function of (run.seed, step, group)
 (trainers.rl.driver.step_jobs), so the step is the driver's whole state: a run resumed
 from a checkpoint continues exactly as the uninterrupted run.
@@ -32,7 +37,7 @@ from trainers.checkpoint_files import (
     remove_scratch,
 )
 from trainers.rl.learner import LEARNER_STATE_FILE
-from trainers.run_log import dumps_json
+from trainers.run_log import CONFIG_FILE, dumps_json
 
 DRIVER_STATE_FILE = "driver.json"
 
@@ -84,3 +89,57 @@ def resume(learners: Any, output_dir: Path, resume_from: str) -> tuple[int, dict
     # NaN (e.g. no correct trajectory to measure) is stored as null.
     before = {k: float("nan") if v is None else v for k, v in state["before"].items()}
     return int(state["step"]), before
+
+
+def write_rl_policy_record(config: Any, directory: Path) -> Path:
+    """warm_start.json of a policy RL saved: the env settings it trained with and the worlds
+    it saw, carried over from its start (trainers.modeling.warm_start)."""
+    from trainers.modeling.warm_start import write_policy_record
+
+    env = config.env
+    generated = env.world == "synthetic"
+    return write_policy_record(
+        directory, {"prompt_style": env.prompt_style, "search_top_k": env.search_top_k,
+                    **({"hops": tuple(env.hops)} if generated else {})},
+        stage="rl", start=config.policy.path or None,
+        rl_world_seeds=[env.world_seed] if generated else [],
+        world_size=env.world_size if generated else None)
+
+
+def export_policy(checkpoint: str | Path, dest: str | Path | None = None) -> Path:
+    """Write the policy of an RL checkpoint as a model directory (weights, tokenizer, chat
+    template, warm_start.json), like the run's `final`; returns it (default:
+    <checkpoint>/policy). The model comes from the run's config.json (its policy.path, the
+    start), the weights from learner.pt. Refused, with what to do, when `checkpoint` is not
+    a complete RL checkpoint, the run's config is gone, or the weights do not fit the start
+    (a LoRA run's checkpoint holds adapters, not merged weights)."""
+    import torch
+
+    from trainers.modeling.models import load_policy
+    from trainers.rl.config import load_rl_config
+
+    checkpoint = Path(checkpoint)
+    state_file = checkpoint / LEARNER_STATE_FILE
+    if not state_file.is_file():
+        raise FileNotFoundError(f"{checkpoint} is not an RL checkpoint (no {LEARNER_STATE_FILE}); "
+                                "give a run's checkpoint-NNNNNN directory")
+    config_file = checkpoint.parent / CONFIG_FILE
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file} is missing: the checkpoint's run config names "
+                                "the start policy its weights belong to")
+    config = load_rl_config(config_file)
+    state = torch.load(state_file, weights_only=False, map_location="cpu")
+    if state.get("strategy") == "lora_dp":
+        raise ValueError(f"{checkpoint} is a LoRA run's checkpoint (adapters on the start's "
+                         "weights): play the run's final policy, which has them merged")
+    model, tokenizer, _ = load_policy(config.policy.path)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as error:
+        raise ValueError(f"{checkpoint}: its weights do not fit the run's start policy "
+                         f"{config.policy.path!r} ({str(error).splitlines()[0]})") from error
+    dest = Path(dest) if dest is not None else checkpoint / "policy"
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    write_rl_policy_record(config, dest)
+    return dest

@@ -62,8 +62,12 @@ from trainers.batch import RolloutBatch, collate, record_from_trajectory
 from trainers.distributed import WorkerDied
 from trainers.evaluation.metrics import question_spread, trajectory_stats
 from trainers.modeling.models import load_tokenizer
-from trainers.modeling.warm_start import write_policy_record
-from trainers.rl.checkpoint import latest_rl_checkpoint, resume, save_checkpoint
+from trainers.rl.checkpoint import (
+    latest_rl_checkpoint,
+    resume,
+    save_checkpoint,
+    write_rl_policy_record,
+)
 from trainers.rl.cluster import start_workers
 from trainers.rl.config import LearnerConfig, RLConfig, rl_config_to_dict
 from trainers.rl.held_out import EvalPolicy
@@ -404,14 +408,7 @@ def finish(config: RLConfig, evaluator: EvalPolicy, result: RunResult, chat: Any
     if config.eval.after:
         result.after = evaluator.evaluate(chat)
     evaluator.save_final(result.output_dir / "final", tokenizer)
-    env = config.env
-    generated = env.world == "synthetic"
-    write_policy_record(result.output_dir / "final",
-                        {"prompt_style": env.prompt_style, "search_top_k": env.search_top_k,
-                         **({"hops": tuple(env.hops)} if generated else {})},
-                        stage="rl", start=config.policy.path or None,
-                        rl_world_seeds=[env.world_seed] if generated else [],
-                        world_size=env.world_size if generated else None)
+    write_rl_policy_record(config, result.output_dir / "final")
     (result.output_dir / "eval.json").write_text(dumps_json(
         {"before": result.before, "after": result.after}, indent=2))
 
