@@ -66,6 +66,8 @@ from rl_checks import (
     ARMS,
     SFT_ARM,
     evaluate_arms,
+    failure_counts,
+    failure_lines,
     outcome_spread,
     parse_named_dirs,
     report_lines,
@@ -202,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{b['num_correct']:.0f} / {b['num_wrong']:.0f} |" for name, b in browse.items()]
     by_split = split_tables(runs, list(finals), args.seed)
     lines += ["", "## By held-out split", "", *split_lines(by_split)]
+    failures = failure_counts(runs)
+    lines += ["", "## Where episodes went wrong", "",
+              "Wrong episodes by whether a tool response they read held the gold answer "
+              "(a copy or choice error at the end) or none did (the search or the chain "
+              "went astray):", "", *failure_lines(failures)]
     outcomes = task_outcomes(runs)
     save_played(runs, output / "played")
     lines += ["", f"## Tasks by outcome over their k={args.k} samples", "",
@@ -224,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         "history": histories, "sft_history": sft_history, "seconds": seconds,
         "by_split": {split: {arm: d.as_dict() for arm, d in row.items()}
                      for split, row in by_split.items()},
-        "per_task": outcomes},
+        "per_task": outcomes, "failure_modes": failures},
         indent=2, default=str))
     print("\n" + text)
     for arm in finals:

@@ -195,6 +195,30 @@ def task_outcomes(runs: dict[str, Any]) -> dict[str, Any]:
     return {"tasks": [f"{split}/{task}" for split, task in keys], "outcomes": outcomes}
 
 
+def failure_counts(runs: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per played policy, how many of its episodes ended in each of
+    trainers.evaluation.metrics.FAILURE_MODES (correct, no answer, read the gold but
+    answered wrong, never read the gold): which step of the research a change moved."""
+    from trainers.evaluation.metrics import FAILURE_MODES, failure_mode
+
+    counts = {}
+    for name, run in runs.items():
+        modes = [failure_mode(t) for group in run.per_task for t in group]
+        counts[name] = {mode: modes.count(mode) for mode in FAILURE_MODES}
+    return counts
+
+
+def failure_lines(counts: dict[str, dict[str, int]]) -> list[str]:
+    """failure_counts as a markdown table, episodes and their share per policy."""
+    modes = list(next(iter(counts.values()))) if counts else []
+    lines = ["| policy | " + " | ".join(modes) + " |", "| --- |" + " ---: |" * len(modes)]
+    for name, row in counts.items():
+        total = sum(row.values()) or 1
+        lines.append(f"| {name} | " + " | ".join(f"{row[m]} ({row[m] / total:.2f})"
+                                                 for m in modes) + " |")
+    return lines
+
+
 def save_played(runs: dict[str, Any], directory: Path) -> dict[str, Path]:
     """Every played trajectory, as text (token ids, masks and log-probs dropped, like
     `venus-gym eval`'s results.jsonl), one file per policy: <directory>/<policy>.jsonl, tasks

@@ -253,6 +253,35 @@ def test_played_trajectories_are_saved_as_text_per_policy(learning_check, tmp_pa
     assert [t.outcome for t in read_trajectories(files["igpo"])] == [0.0, 0.0]
 
 
+def test_failure_counts_tally_each_policys_episodes_by_where_they_went_wrong(learning_check):
+    from types import SimpleNamespace
+
+    from rl_checks import failure_counts, failure_lines
+
+    from trainers.trajectory import Trajectory, Turn
+
+    def played(outcome: float, replies: list[str], last: str = "answer") -> Trajectory:
+        turns = [Turn("search", True, "s", reply) for reply in replies]
+        turns.append(Turn(last, last != "invalid", "<answer>x</answer>"))
+        return Trajectory(id="t/0", task_id="t", answers=["Ada"], outcome=outcome, turns=turns,
+                          messages=[{"role": "user", "content": "q"}])
+
+    runs = {"start": SimpleNamespace(per_task=[[played(1.0, ["Ada"]), played(0.0, ["Ada"])],
+                                               [played(0.0, ["Bo"]), played(0.0, [], "invalid")]]),
+            "igpo": SimpleNamespace(per_task=[[played(0.0, ["Bo"]), played(0.0, ["Bo"])],
+                                              [played(1.0, ["Ada"]), played(1.0, ["Ada"])]])}
+    counts = failure_counts(runs)
+    assert counts == {
+        "start": {"correct": 1, "no answer": 1, "read the gold, answered wrong": 1,
+                  "never read the gold": 1},
+        "igpo": {"correct": 2, "no answer": 0, "read the gold, answered wrong": 0,
+                 "never read the gold": 2}}
+    lines = failure_lines(counts)
+    assert lines[0].startswith("| policy | correct | no answer |")
+    assert lines[2] == "| start | 1 (0.25) | 1 (0.25) | 1 (0.25) | 1 (0.25) |"
+    assert lines[3] == "| igpo | 2 (0.50) | 0 (0.00) | 0 (0.00) | 2 (0.50) |"
+
+
 def _evaluation(outcomes_by_task: dict[tuple[str, str], list[float]]):
     """A played run with its tasks on named held-out splits: {(split, task): outcomes}."""
     from types import SimpleNamespace

@@ -23,7 +23,12 @@ from trainers.engines.base import Engine, GenerationRequest, GenerationResult
 from trainers.engines.scripted import chatml_user_messages
 from trainers.evaluation.evaluate import Evaluation
 from trainers.evaluation.evaluate import evaluate as evaluate_engine
-from trainers.evaluation.metrics import question_spread, trajectory_stats
+from trainers.evaluation.metrics import (
+    FAILURE_MODES,
+    failure_mode,
+    question_spread,
+    trajectory_stats,
+)
 from trainers.evaluation.training_report import standard_error_band, write_report
 from trainers.modeling.models import build_chatml_tokenizer
 from trainers.modeling.tokenization import ChatTokenizer
@@ -130,6 +135,22 @@ def test_trajectory_stats_nan_on_an_empty_side(batch: list[Trajectory]) -> None:
     assert math.isnan(trajectory_stats([batch[2]])["mean_tokens"])
     with pytest.raises(ValueError, match="at least one trajectory"):
         trajectory_stats([])
+
+
+def test_failure_mode_says_which_step_of_the_research_went_wrong() -> None:
+    correct, no_answer, miscopied, astray = FAILURE_MODES
+    assert failure_mode(make("a", ["search", "visit", "answer"], 1.0)) == correct
+    # Its visit read "born in London", then it answered wrong: the last step failed.
+    assert failure_mode(make("b", ["search", "visit", "answer"], 0.0)) == miscopied
+    # Only the search results (no "London") were read before the wrong answer.
+    assert failure_mode(make("c", ["search", "answer"], 0.0)) == astray
+    assert failure_mode(make("d", ["search", "visit", "invalid"], 0.0)) == no_answer
+    assert failure_mode(make("e", ["search", "visit"], None)) == no_answer
+    # Golds match normalised and as whole words only.
+    read = make("f", ["search", "visit", "answer"], 0.0)
+    assert failure_mode(dataclasses.replace(read, answers=["LONDON."])) == miscopied
+    assert failure_mode(dataclasses.replace(read, answers=["Lond"])) == astray
+    assert failure_mode(dataclasses.replace(read, answers=["Paris", "london"])) == miscopied
 
 
 def test_question_spread_is_the_standard_error_over_the_steps_questions(

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from trainers.trajectory import Trajectory
 from venus_gym.protocol import is_repetitive
+from venus_gym.scoring import normalize_answer
 
 # An outcome at or above this counts as correct (judge 1/0 scores, or F1 >= 0.5).
 CORRECT_THRESHOLD = 0.5
@@ -120,6 +121,28 @@ def browse_ratio(trajectory: Trajectory) -> float:
     kinds = trajectory.turn_kinds
     visits, searches = kinds.count("visit"), kinds.count("search")
     return visits / (visits + searches) if visits + searches else 0.0
+
+
+FAILURE_MODES = ("correct", "no answer", "read the gold, answered wrong",
+                 "never read the gold")
+
+
+def failure_mode(trajectory: Trajectory) -> str:
+    """Where an episode went wrong, one of FAILURE_MODES, from its text alone: correct;
+    no answer (its last turn is not a valid answer); answered wrong although a gold answer
+    appeared in a tool response it read (a copy or choice error at the end); answered wrong
+    and no tool response held a gold answer (a search, a page or a bridge entity went
+    astray on the way). Gold and responses are compared SQuAD-normalised (`15,700,000` and
+    `15700000` match)."""
+    if is_correct(trajectory):
+        return FAILURE_MODES[0]
+    if not answered(trajectory):
+        return FAILURE_MODES[1]
+    read = normalize_answer(" ".join(turn.env_reply or "" for turn in trajectory.turns))
+    golds = [normalize_answer(gold) for gold in trajectory.answers]
+    if any(gold and f" {gold} " in f" {read} " for gold in golds):
+        return FAILURE_MODES[2]
+    return FAILURE_MODES[3]
 
 
 def _mean(values: Sequence[float]) -> float:
