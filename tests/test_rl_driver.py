@@ -159,6 +159,8 @@ def test_a_checkpoint_exports_as_a_playable_policy_with_its_steps_weights(tmp_pa
     record = policy_record(str(tmp_path / "step1"))
     assert record == policy_record(str(tmp_path / "run" / "final"))
     assert record["stage"] == "rl" and record["env"]["search_top_k"] == 2
+    assert record["rl_world_seeds"] == [WORLD["world_seed"]]
+    assert record["world_size"] == WORLD["world_size"]
 
     with pytest.raises(FileNotFoundError, match="not an RL checkpoint"):
         export_policy(tmp_path / "run" / "final")
