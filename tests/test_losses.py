@@ -107,6 +107,29 @@ def test_k3_kl_hand_number_and_term():
     assert kl_k3(torch.zeros(3), torch.zeros(3)).abs().max().item() == 0.0
 
 
+def test_kl_max_caps_a_collapsed_tokens_term_and_its_gradient():
+    # One token 20 nats below the reference: uncapped, its k3 gradient is exp(20) - 1.
+    logp = torch.tensor([[-20.0, 0.0]], requires_grad=True)
+    ref = torch.zeros(1, 2)
+    kl_k3(logp, ref).sum().backward()
+    assert logp.grad[0, 0].item() == pytest.approx(-(math.exp(20.0) - 1.0), rel=1e-4)
+    logp.grad = None
+    capped = kl_k3(logp, ref, max_value=10.0)
+    assert capped[0].tolist() == pytest.approx([10.0, 0.0])
+    capped.sum().backward()
+    assert logp.grad[0].tolist() == [0.0, 0.0]
+    # Below the cap the term and its gradient are the uncapped ones.
+    near = torch.tensor([[-1.0]], requires_grad=True)
+    kl_k3(near, torch.zeros(1, 1), max_value=10.0).sum().backward()
+    assert near.grad.item() == pytest.approx(-(math.e - 1.0))
+    adv, mask = torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool)
+    _, metrics = ppo_loss(logp.detach(), logp.detach(), adv, mask,
+                          LossConfig(kl_coef=1.0, kl_max=10.0), ref_logprobs=ref)
+    assert metrics["kl"] == pytest.approx(5.0)  # token mean of 10 and 0
+    with pytest.raises(ValueError, match="kl_max"):
+        LossConfig(kl_max=0.0)
+
+
 def test_kl_is_skipped_at_coefficient_zero():
     logp, old, adv, mask = four_tokens()
     nan_ref = torch.full((1, 4), float("nan"))  # would raise if the KL were computed

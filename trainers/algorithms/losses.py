@@ -11,7 +11,8 @@ off was one of the peers' worst bugs (design.md "Pitfalls").
     pg      = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high))
     pg      = min(pg, -A * c)             where A < 0        (dual clip, c = 3)
     pg      = pg * min(exp(old_logp - engine_logp), tis_cap)  (optional TIS, no gradient)
-    kl_k3   = exp(ref - logp) - (ref - logp) - 1              (skipped when kl_coef == 0)
+    kl_k3   = exp(ref - logp) - (ref - logp) - 1              (skipped when kl_coef == 0;
+                                                               min(kl_k3, kl_max) if set)
     loss    = agg(pg) + kl_coef * agg(kl_k3) - entropy_coef * agg(entropy)
 
 agg is token-mean (default: sum over all policy tokens of the batch / their count) or
@@ -64,6 +65,11 @@ class LossConfig:
                 "long, often cut-off turns; None = off"})
     kl_coef: float = field(default=0.001, metadata={
         "help": "weight of the k3 KL to the reference policy; 0 skips it (no ref log-probs)"})
+    kl_max: float | None = field(default=None, metadata={
+        "help": "cap on each token's k3 KL term (verl caps it at 10); a token that fell "
+                "further below the reference takes no KL gradient, so one collapsed token "
+                "cannot outweigh the batch (the k3 gradient grows as exp(ref - logp)); None = "
+                "uncapped, only the 20-nat log-ratio clamp"})
     negative_advantage_weight: float = field(default=1.0, metadata={
         "help": "multiplies negative advantages before the surrogate (1 = symmetric, the "
                 "papers'; < 1 pushes sampled tokens down less than it pulls them up)"})
@@ -81,6 +87,8 @@ class LossConfig:
                 and self.negative_advantage_weight >= 0):
             raise ValueError(f"negative_advantage_weight must be a finite number >= 0, got "
                              f"{self.negative_advantage_weight}")
+        if self.kl_max is not None and not self.kl_max > 0:
+            raise ValueError(f"kl_max must be > 0 or None, got {self.kl_max}")
         if self.tis_cap is not None and self.tis_cap <= 0:
             raise ValueError(f"tis_cap must be > 0, got {self.tis_cap}")
         if self.turn_weight_cap is not None and self.turn_weight_cap < 1:
@@ -125,10 +133,13 @@ def turn_token_weights(turn_index: torch.Tensor, mask: torch.Tensor, cap: int) -
     return torch.where(mask, (cap / per_token).clamp(max=1.0), torch.zeros_like(per_token))
 
 
-def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimator of KL(pi || pi_ref): exp(r) - r - 1 with r = ref - logp (>= 0)."""
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+          max_value: float | None = None) -> torch.Tensor:
+    """Per-token k3 estimator of KL(pi || pi_ref): exp(r) - r - 1 with r = ref - logp (>= 0),
+    capped at `max_value` when given (a capped token has no gradient)."""
     log_ratio = (ref_logprobs - logprobs).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
-    return torch.exp(log_ratio) - log_ratio - 1.0
+    kl = torch.exp(log_ratio) - log_ratio - 1.0
+    return kl if max_value is None else kl.clamp(max=max_value)
 
 
 def clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
@@ -194,7 +205,7 @@ def ppo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: tor
             raise ValueError("kl_coef != 0 needs ref_logprobs (set kl_coef=0 to skip the KL)")
         require_finite("ref_logprobs", ref_logprobs, mask)
         ref = torch.where(mask, ref_logprobs.to(logprobs.dtype), zero).detach()
-        kl = aggregate(kl_k3(logprobs, ref), mask, config.aggregation)
+        kl = aggregate(kl_k3(logprobs, ref, config.kl_max), mask, config.aggregation)
         loss = loss + config.kl_coef * kl
         metrics["kl"] = float(kl.detach())
     if entropy is not None:
