@@ -123,9 +123,12 @@ def test_kl_max_caps_a_collapsed_tokens_term_and_its_gradient():
     kl_k3(near, torch.zeros(1, 1), max_value=10.0).sum().backward()
     assert near.grad.item() == pytest.approx(-(math.e - 1.0))
     adv, mask = torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool)
-    _, metrics = ppo_loss(logp.detach(), logp.detach(), adv, mask,
-                          LossConfig(kl_coef=1.0, kl_max=10.0), ref_logprobs=ref)
-    assert metrics["kl"] == pytest.approx(5.0)  # token mean of 10 and 0
+    loss, metrics = ppo_loss(logp.detach(), logp.detach(), adv, mask,
+                             LossConfig(kl_coef=1.0, kl_max=10.0), ref_logprobs=ref)
+    assert loss.item() == pytest.approx(5.0)  # the capped term: token mean of 10 and 0
+    # The logged KL stays the true one, so the collapsed token still shows.
+    assert metrics["kl"] == pytest.approx((math.exp(20.0) - 21.0) / 2, rel=1e-4)
+    assert metrics["kl_capped_fraction"] == 0.5
     with pytest.raises(ValueError, match="kl_max"):
         LossConfig(kl_max=0.0)
 

@@ -205,8 +205,17 @@ def ppo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: tor
             raise ValueError("kl_coef != 0 needs ref_logprobs (set kl_coef=0 to skip the KL)")
         require_finite("ref_logprobs", ref_logprobs, mask)
         ref = torch.where(mask, ref_logprobs.to(logprobs.dtype), zero).detach()
-        kl = aggregate(kl_k3(logprobs, ref, config.kl_max), mask, config.aggregation)
-        loss = loss + config.kl_coef * kl
+        per_token_kl = kl_k3(logprobs, ref)
+        kl = aggregate(per_token_kl, mask, config.aggregation)
+        if config.kl_max is not None:
+            # The loss takes the capped term; the logged kl stays the true one, so a token
+            # that collapsed still shows in the diagnostics.
+            capped = per_token_kl.clamp(max=config.kl_max)
+            loss = loss + config.kl_coef * aggregate(capped, mask, config.aggregation)
+            metrics["kl_capped_fraction"] = float(
+                (per_token_kl.detach() >= config.kl_max)[mask].float().mean())
+        else:
+            loss = loss + config.kl_coef * kl
         metrics["kl"] = float(kl.detach())
     if entropy is not None:
         require_finite("entropy", entropy, mask)
