@@ -53,6 +53,20 @@ def test_shipped_rl_configs_load_and_validate(path):
                                       or "python" in text.splitlines()[0])
 
 
+def test_the_learning_check_samples_at_the_temperature_of_the_warm_start_card():
+    """The warm start's card (trainers/warm_start/README.md) gives its held-out numbers at
+    the temperature RL rolls it out at: the learning check's config and the card's
+    warm_start.json must name the same one, or the card describes a policy RL never plays."""
+    config = load_rl_config(REPO / "benchmarks" / "configs" / "learning_check_igpo.yaml")
+    assert config.policy.path == "warm-start"
+    card = warm_start_info()
+    assert card is not None, "trainers/warm_start has no warm_start.json"
+    assert card["eval"]["temperature"] == config.rollout.temperature, (
+        f"the card was measured at temperature {card['eval']['temperature']}, the learning "
+        f"check rolls out at {config.rollout.temperature}: repackage the card "
+        "(scripts/package_warm_start.py --temperature) or change rollout.temperature")
+
+
 def test_the_default_configs_are_package_data_named_by_their_command():
     """`venus-gym demo` reads its defaults from the installed package, not a checkout; each
     names the command that runs it on its first line."""
