@@ -109,25 +109,21 @@ def test_k3_kl_hand_number_and_term():
 
 def test_kl_max_caps_a_collapsed_tokens_term_and_its_gradient():
     # One token 20 nats below the reference: uncapped, its k3 gradient is exp(20) - 1.
-    logp = torch.tensor([[-20.0, 0.0]], requires_grad=True)
+    logp = torch.tensor([[-20.0, -1.0]], requires_grad=True)
     ref = torch.zeros(1, 2)
     kl_k3(logp, ref).sum().backward()
     assert logp.grad[0, 0].item() == pytest.approx(-(math.exp(20.0) - 1.0), rel=1e-4)
     logp.grad = None
-    capped = kl_k3(logp, ref, max_value=10.0)
-    assert capped[0].tolist() == pytest.approx([10.0, 0.0])
-    capped.sum().backward()
-    assert logp.grad[0].tolist() == [0.0, 0.0]
-    # Below the cap the term and its gradient are the uncapped ones.
-    near = torch.tensor([[-1.0]], requires_grad=True)
-    kl_k3(near, torch.zeros(1, 1), max_value=10.0).sum().backward()
-    assert near.grad.item() == pytest.approx(-(math.e - 1.0))
     adv, mask = torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool)
-    loss, metrics = ppo_loss(logp.detach(), logp.detach(), adv, mask,
+    loss, metrics = ppo_loss(logp, logp.detach(), adv, mask,
                              LossConfig(kl_coef=1.0, kl_max=10.0), ref_logprobs=ref)
-    assert loss.item() == pytest.approx(5.0)  # the capped term: token mean of 10 and 0
+    # The capped term: token mean of 10 and e - 2; the capped token takes no gradient, the
+    # other its uncapped one (over the 2 tokens of the mean).
+    assert loss.item() == pytest.approx((10.0 + math.e - 2.0) / 2)
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([0.0, -(math.e - 1.0) / 2])
     # The logged KL stays the true one, so the collapsed token still shows.
-    assert metrics["kl"] == pytest.approx((math.exp(20.0) - 21.0) / 2, rel=1e-4)
+    assert metrics["kl"] == pytest.approx((math.exp(20.0) - 21.0 + math.e - 2.0) / 2, rel=1e-4)
     assert metrics["kl_capped_fraction"] == 0.5
     with pytest.raises(ValueError, match="kl_max"):
         LossConfig(kl_max=0.0)

@@ -133,13 +133,10 @@ def turn_token_weights(turn_index: torch.Tensor, mask: torch.Tensor, cap: int) -
     return torch.where(mask, (cap / per_token).clamp(max=1.0), torch.zeros_like(per_token))
 
 
-def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
-          max_value: float | None = None) -> torch.Tensor:
-    """Per-token k3 estimator of KL(pi || pi_ref): exp(r) - r - 1 with r = ref - logp (>= 0),
-    capped at `max_value` when given (a capped token has no gradient)."""
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(pi || pi_ref): exp(r) - r - 1 with r = ref - logp (>= 0)."""
     log_ratio = (ref_logprobs - logprobs).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
-    kl = torch.exp(log_ratio) - log_ratio - 1.0
-    return kl if max_value is None else kl.clamp(max=max_value)
+    return torch.exp(log_ratio) - log_ratio - 1.0
 
 
 def clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
