@@ -100,15 +100,22 @@ def openenv_server():
 
 
 def pytest_collection_modifyitems(config, items):
-    """The simulated multi-node Ray clusters (tests/test_ray_multinode.py) run after every
-    other test: they start and remove whole raylets, and nothing else should share the
-    machine's Ray state with them."""
-    items.sort(key=lambda item: item.nodeid.startswith("tests/test_ray_multinode.py"))
+    """Modules with `slow`-marked tests run first, so that on pytest-xdist workers (a module
+    per worker at a time, in this order) the long modules start at once and the short ones
+    fill in around them, instead of a long module starting last and running alone. The
+    simulated multi-node Ray clusters (tests/test_ray_multinode.py) run after every other
+    test: they start and remove whole raylets, and nothing else should share the machine's
+    Ray state with them."""
+    slow_modules = {item.nodeid.split("::")[0] for item in items
+                    if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: (item.nodeid.startswith("tests/test_ray_multinode.py"),
+                                 item.nodeid.split("::")[0] not in slow_modules))
 
 
 # Tests that start Ray carry the `ray` mark: `make test` runs the others on two pytest-xdist
-# workers, then these alone. Ray's worker processes run at nice 15, so beside a busy pytest
-# worker they starve (minutes per test). A test that starts Ray without the mark fails here.
+# workers and these one at a time beside them, with Ray's workers at the default priority
+# (at Ray's own nice 15 they starve beside a busy pytest worker, minutes per test). A test
+# that starts Ray without the mark fails here.
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
     item.ray_was_up = _ray_is_up()
@@ -121,7 +128,7 @@ def pytest_runtest_call(item):
     if not getattr(item, "ray_was_up", True) and _ray_is_up() and \
             item.get_closest_marker("ray") is None:
         pytest.fail("this test started Ray: mark it @pytest.mark.ray (make test runs Ray "
-                    "tests after the rest, one at a time)", pytrace=False)
+                    "tests in their own pass, one at a time)", pytrace=False)
     return result
 
 

@@ -35,6 +35,7 @@ def first_turn_valid_rate(model, chat, env_kwargs) -> float:
     return sum(t.turns[0].valid for t in evaluation.trajectories) / len(evaluation.trajectories)
 
 
+@pytest.mark.slow
 def test_tiny_model_learns_the_turn_format(tmp_path):
     started = time.perf_counter()
     torch.manual_seed(0)
@@ -56,6 +57,7 @@ def test_tiny_model_learns_the_turn_format(tmp_path):
     assert trained >= FIRST_TURN_VALID_THRESHOLD
 
 
+@pytest.mark.slow
 def test_induction_warmup_teaches_a_tiny_model_to_copy_from_anywhere_in_its_context():
     """After the warm-up the model copies chunks of an unseen random sequence that come back
     in a shuffled order (so no fixed offset works: it must find the earlier occurrence of
