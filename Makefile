@@ -35,17 +35,19 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(BIN)/venus-gym demo
 
-# The suite in two passes at once, every test in one of them: the tests that do not start Ray
-# on two pytest-xdist workers (a module per worker at a time), and beside them the
-# `ray`-marked ones one at a time, which wait on actor start-ups and fault detection for about
-# a third of their time. Ray's workers would run at nice 15 and starve beside the busy pytest
-# workers, so the Ray pass runs them at the default priority (RAY_worker_niceness=0). The Ray
-# pass's report is printed after the other's (its log: .pytest_ray.log). Each pass lists the
-# other's tests as "deselected"; the target fails if either pass did. `pytest` alone runs
-# everything in one process.
+# The suite in two passes at once, every test in one of them: the tests that do not start
+# Ray on two pytest-xdist workers (a module per worker at a time), and beside them the
+# `ray`-marked ones one at a time, which wait on actor start-ups and fault detection for
+# about a third of their time. Ray's workers would run at nice 15 and starve beside the busy
+# pytest workers, so the Ray pass runs them at the default priority (RAY_worker_niceness=0).
+# The Ray pass's report is printed after the other's (its log: .pytest_ray.log); Ctrl-C
+# stops both (a background job of a non-interactive shell ignores SIGINT, hence the trap).
+# Each pass lists the other's tests as "deselected"; the target fails if either pass did.
+# `pytest` alone runs everything in one process.
 test: $(STAMP)
 	RAY_worker_niceness=0 $(BIN)/python -m pytest -q -m ray -p no:cacheprovider \
 		--basetemp=$(CURDIR)/.pytest_ray_tmp > .pytest_ray.log 2>&1 & ray_pass=$$!; \
+	trap 'kill $$ray_pass 2>/dev/null; exit 130' INT TERM; \
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not ray"; first=$$?; \
 	wait $$ray_pass; second=$$?; \
 	echo "---- the Ray tests (.pytest_ray.log) ----"; cat .pytest_ray.log; \
