@@ -5,6 +5,7 @@
     python benchmarks/learning_check.py --arms grpo --trained igpo=runs/learning_check/igpo/final
     python benchmarks/learning_check.py --arms --trained igpo=DIR placebo=DIR --eval-temperature 0.5
     python benchmarks/learning_check.py --arms --trained igpo@16=RUN/igpo/checkpoint-000016/policy
+    python benchmarks/learning_check.py --seed 1 --arms placebo --train-only --output runs/lc1
 
 From the packaged warm start (`warm-start`, trainers/warm_start/README.md, or --policy):
 
@@ -124,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default=None,
                         help="the starting policy (default: the config's policy.path, "
                              "warm-start)")
+    parser.add_argument("--train-only", action="store_true",
+                        help="train the --arms and stop; play them later with --arms "
+                             "--trained ARM=DIR (e.g. each arm in its own process on a GPU)")
     parser.add_argument("--output", default="runs/learning_check")
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -147,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     eval_temperature = check_eval_temperature(args.eval_temperature, base.rollout.temperature)
     if not args.arms and not args.trained:
         raise SystemExit("nothing to compare: give --arms to train or --trained ARM=DIR to play")
+    if args.train_only and (not args.arms or args.trained):
+        raise SystemExit("--train-only trains the --arms and plays nothing: give --arms, "
+                         "and --trained only to the check that plays them")
     base.eval = dataclasses.replace(base.eval, before=False, after=False)
     info = warm_start_info(base.policy.path)
     used = {base.env.world_seed} | set((info or {}).get("sft_world_seeds", []))
@@ -174,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         budget = args.sft_seconds if args.sft_seconds is not None else seconds["igpo"]
         finals[SFT_ARM], seconds[SFT_ARM], sft_history = train_sft_arm(
             base.policy.path, args.sft_config, budget, args.seed, output)
+    if args.train_only:
+        played = " ".join(f"{arm}={path}" for arm, path in finals.items())
+        print(f"trained ({', '.join(f'{a} {s:.0f} s' for a, s in seconds.items())}); play "
+              f"them with: --seed {args.seed} --arms --trained {played}", flush=True)
+        return 0
     for arm, path in trained.items():
         finals[arm] = path
         metrics = Path(path).parent / "metrics.jsonl"  # the run's log, when it is there

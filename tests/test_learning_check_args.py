@@ -318,3 +318,16 @@ def test_held_out_world_defaults_to_the_rl_world_and_refuses_trained_ones(learni
         learning_check.check_held_out_world(2, 46, 45, info)
     with pytest.raises(SystemExit, match="--held-out-world 45 is the validation world too"):
         learning_check.check_held_out_world(45, 46, 45, info)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--train-only", "--arms"], "nothing to compare"),
+    (["--train-only", "--arms", "--trained", "igpo={p}"], "--train-only trains the --arms"),
+    (["--train-only", "--arms", "placebo", "--trained", "igpo={p}"],
+     "--train-only trains the --arms")])
+def test_train_only_needs_arms_and_plays_nothing(learning_check, tmp_path, argv, says):
+    policy = _policy(tmp_path / "final")
+    with pytest.raises(SystemExit, match=says):
+        learning_check.main([a.format(p=policy) for a in argv]
+                            + ["--output", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()  # refused before anything is written
