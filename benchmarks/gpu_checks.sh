@@ -36,10 +36,12 @@
 #    is mostly decode and kernel-launch time). FIT_ARGS / LEARNING_ARGS add arguments, e.g.
 #    LEARNING_ARGS="--steps 40". Their logs and results.md / results.json go to OUTPUT_DIR.
 #
-# learning_seeds: the learning check's seeds 0 1 2 side by side (benchmarks/learning_seeds.sh:
-#    each arm trains in its own process, then each seed plays its three policies), with
-#    policy.threads 1 (6 trainers on the machine's cores). LEARNING_ARGS as above; the runs
-#    under runs/learning_seeds, their summary.txt and results copied to OUTPUT_DIR.
+# learning_seeds: the learning check's seeds LEARNING_SEEDS (default "0 1 2") side by side
+#    (benchmarks/learning_seeds.sh: each arm trains in its own process, then each seed plays
+#    its three policies), with policy.threads 1. LEARNING_ARGS as above; the runs under
+#    runs/learning_seeds, their summary.txt and results copied to OUTPUT_DIR. On an H200 a
+#    trainer takes ~19 s a step alone and six share the GPU's time: one seed per 15-minute
+#    lease (LEARNING_SEEDS=1; docs/benchmarks.md "GPU checks").
 #
 # The lent GPU image (Python 3.12, no network) lacks gymnasium, Farama-Notifications,
 # tantivy, Ray and jsonschema (Ray's). Prepare a carry folder `.gpu` on a machine with the
@@ -135,15 +137,16 @@ step fit_gpu "${FIT_LIMIT:-540}" "$python" benchmarks/fit_check.py --seed 0 \
 step learning_gpu "${LEARNING_LIMIT:-540}" "$python" benchmarks/learning_check.py --seed 0 \
     --output runs/learning_gpu ${LEARNING_ARGS:-}
 if [[ $steps == *" learning_seeds "* ]]; then
+    rm -rf runs/learning_seeds  # an earlier run's summary.txt would be appended to
     sed 's/^  threads: 2$/  threads: 1/' benchmarks/configs/learning_check_igpo.yaml \
         > /tmp/learning_check_threads1.yaml
 fi
 PYTHON="$python" LEARNING_ARGS="--config /tmp/learning_check_threads1.yaml ${LEARNING_ARGS:-}" \
     step learning_seeds "${LEARNING_LIMIT:-540}" bash benchmarks/learning_seeds.sh \
-    runs/learning_seeds 0 1 2
+    runs/learning_seeds ${LEARNING_SEEDS:-0 1 2}
 if [ -f runs/learning_seeds/summary.txt ]; then
     cp runs/learning_seeds/summary.txt "$out/learning_seeds_summary.txt"
-    for seed in 0 1 2; do
+    for seed in ${LEARNING_SEEDS:-0 1 2}; do
         [ -f "runs/learning_seeds/seed_$seed/results.md" ] && \
             cp "runs/learning_seeds/seed_$seed/results.md" "$out/learning_seeds_$seed.md"
     done
