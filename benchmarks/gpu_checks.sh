@@ -138,7 +138,7 @@ step learning_gpu "${LEARNING_LIMIT:-540}" "$python" benchmarks/learning_check.p
     --output runs/learning_gpu ${LEARNING_ARGS:-}
 if [[ $steps == *" learning_seeds "* ]]; then
     rm -rf runs/learning_seeds  # an earlier run's summary.txt would be appended to
-    sed 's/^  threads: 2$/  threads: 1/' benchmarks/configs/learning_check_igpo.yaml \
+    sed 's/^  threads: [0-9]*$/  threads: 1/' benchmarks/configs/learning_check_igpo.yaml \
         > /tmp/learning_check_threads1.yaml
 fi
 PYTHON="$python" LEARNING_ARGS="--config /tmp/learning_check_threads1.yaml ${LEARNING_ARGS:-}" \
