@@ -33,6 +33,12 @@ option: at a low rollout temperature the start gives most sampled tokens p close
 positive advantages can barely raise them while negative ones lower the policy's
 confidence wherever it decides (docs/benchmarks.md "Learning check"); w < 1 weights pushing
 down less than pulling up.
+
+Copied-token weight (`copied_token_weight: w`, default 1 = off): the advantages of tokens
+that continue a span copied from the context (trainers.algorithms.copying) are multiplied by
+w when the step's advantages are computed (Algorithm.weighted_advantages), before the
+mini-batches. Why an option: on a small policy the copying of names, URLs and facts is
+SFT's work and the reward does not judge it token by token (docs/rl.md "Copied spans").
 """
 
 from __future__ import annotations
@@ -63,6 +69,13 @@ class LossConfig:
         "help": "a turn with more policy tokens than this counts as this many in the "
                 "policy-gradient term (each token weighted cap / its turn's tokens); limits "
                 "long, often cut-off turns; None = off"})
+    copied_token_weight: float = field(default=1.0, metadata={
+        "help": "multiplies the advantage of policy tokens that continue a span copied from "
+                "the question or a tool reply (trainers.algorithms.copying; 1 = off, the "
+                "papers'; 0 leaves copies to SFT and the KL term)"})
+    copy_ngram: int = field(default=3, metadata={
+        "help": "a policy token is a copy when the copy_ngram tokens ending at it occur in "
+                "its context's environment tokens; a span's first copy_ngram - 1 tokens stay"})
     kl_coef: float = field(default=0.001, metadata={
         "help": "weight of the k3 KL to the reference policy; 0 skips it (no ref log-probs)"})
     kl_max: float | None = field(default=None, metadata={
@@ -87,6 +100,11 @@ class LossConfig:
                 and self.negative_advantage_weight >= 0):
             raise ValueError(f"negative_advantage_weight must be a finite number >= 0, got "
                              f"{self.negative_advantage_weight}")
+        if not (math.isfinite(self.copied_token_weight) and self.copied_token_weight >= 0):
+            raise ValueError(f"copied_token_weight must be a finite number >= 0, got "
+                             f"{self.copied_token_weight}")
+        if self.copy_ngram < 2:
+            raise ValueError(f"copy_ngram must be >= 2 (tokens), got {self.copy_ngram}")
         if self.kl_max is not None and not self.kl_max > 0:
             raise ValueError(f"kl_max must be > 0 or None, got {self.kl_max}")
         if self.tis_cap is not None and self.tis_cap <= 0:

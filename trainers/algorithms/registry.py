@@ -9,7 +9,7 @@ The RL step (trainers.rl.driver and its learners) only knows this interface:
         # old_logprobs, plus what the algorithm needs scored (IGPO: boundary_scores from
         # its fused probe pass); `policy` is the learner's PolicyScoring
     rewards = algorithm.turn_rewards(batch)              # TurnRewards [B, T], pure
-    advantages, metrics = algorithm.advantages(batch, rewards)  # [B, L] float32, pure
+    advantages, metrics = algorithm.weighted_advantages(batch, rewards)  # [B, L], pure
     batch = batch.replace(advantages=advantages)
     loss, metrics = algorithm.loss(batch, logprobs)      # logprobs [B, L] with grad
 
@@ -49,6 +49,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 
+from trainers.algorithms.copying import copied_tokens
 from trainers.algorithms.losses import LossConfig, ppo_loss, turn_token_weights
 from trainers.algorithms.rewards import (
     TurnRewards,
@@ -218,6 +219,20 @@ class Algorithm:
     def advantages(self, batch: RolloutBatch, rewards: TurnRewards) -> Advantages:
         """[B, L] token advantages and diagnostics from the batch and its turn rewards."""
         raise NotImplementedError
+
+    def weighted_advantages(self, batch: RolloutBatch, rewards: TurnRewards) -> Advantages:
+        """`advantages`, then the loss config's copied_token_weight on the tokens that
+        continue a copied span (trainers.algorithms.copying); what the RL step calls. The
+        whole step's batch is needed: its rows' shared prefix is the system prompt."""
+        tokens, metrics = self.advantages(batch, rewards)
+        loss = self.config.loss
+        if loss.copied_token_weight == 1.0:
+            return Advantages(tokens, metrics)
+        copied = copied_tokens(batch, loss.copy_ngram)
+        policy = batch.loss_mask.bool()
+        metrics = {**metrics, "copied_token_fraction":
+                   float(copied.sum()) / max(1, int(policy.sum()))}
+        return Advantages(torch.where(copied, tokens * loss.copied_token_weight, tokens), metrics)
 
     def loss(self, batch: RolloutBatch, logprobs: torch.Tensor,
              entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:

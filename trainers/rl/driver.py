@@ -8,7 +8,7 @@
         batch      = to_batch(results)                  the data currency (trainers.batch)
         batch      = learners.score(batch, answers)     old / reference log-probs + IG probes
         rewards    = algorithm.turn_rewards(batch)      per turn: IG, format, outcome (pure)
-        advantages = algorithm.advantages(batch, rewards)  normalise, discount, per token
+        advantages = algorithm.weighted_advantages(batch, rewards)  normalise, discount, per token
         metrics    = ppo_update(learners, batch)        PPO epochs x mini-batches
         sync.push(step + 1)                             learner weights -> engines
         log metrics, save samples, checkpoint every save_every steps
@@ -345,7 +345,7 @@ def train(config: RLConfig, *, stop_after: int | None = None,
                                            algorithm.probe_distractors(batch, answers))
                     # 5. turn rewards, then advantages: pure functions of the scored batch
                     rewards = algorithm.turn_rewards(batch)
-                    advantages = algorithm.advantages(batch, rewards)
+                    advantages = algorithm.weighted_advantages(batch, rewards)
                     batch = batch.replace(advantages=advantages.tokens)
                 # 6. learner updates: PPO epochs over mini-batches of whole trajectories
                 with timer.phase("update_s"):
