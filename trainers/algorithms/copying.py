@@ -6,7 +6,7 @@ answer. The choice of what to copy is made at the span's first tokens; the rest 
 follows from the context. `copied_tokens` marks those continuation tokens, so that the RL
 loss can weigh them less (`loss.copied_token_weight`): the reward judges the choice, while
 the copying itself is a capability that SFT built and that every update's noise can wear
-down (docs/rl.md "Copied spans").
+down (docs/algorithms.md "Losses").
 
 A policy token at position i is copied when the n tokens ending at i (i - n + 1 .. i)
 occur, in that order, inside the context before it that came from the environment: the

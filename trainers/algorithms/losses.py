@@ -38,7 +38,7 @@ Copied-token weight (`copied_token_weight: w`, default 1 = off): the advantages 
 that continue a span copied from the context (trainers.algorithms.copying) are multiplied by
 w when the step's advantages are computed (Algorithm.weighted_advantages), before the
 mini-batches. Why an option: on a small policy the copying of names, URLs and facts is
-SFT's work and the reward does not judge it token by token (docs/rl.md "Copied spans").
+SFT's work and the reward does not judge it token by token (docs/algorithms.md "Losses").
 """
 
 from __future__ import annotations
