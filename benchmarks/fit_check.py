@@ -36,7 +36,7 @@ import os
 import time
 from pathlib import Path
 
-from rl_checks import evaluate_arms, report_lines, train_arms
+from rl_checks import add_jobs_argument, evaluate_arms, report_lines, resolve_jobs, train_arms
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "benchmarks" / "configs" / "fit_check_igpo.yaml"
@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups-per-call", type=int, default=8,
                         help="questions played at once in the evaluation (shared engine calls)")
     parser.add_argument("--output", default=None, help="default runs/fit_check/seed<S>")
+    add_jobs_argument(parser)
     args = parser.parse_args(argv)
+    jobs = resolve_jobs(args.jobs)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     started_all = time.perf_counter()
 
@@ -76,13 +78,14 @@ def main(argv: list[str] | None = None) -> int:
           f"of {args.pool} train questions of world {base.env.world_seed}, lr {base.learner.lr}, "
           f"{base.learner.ppo_epochs} epochs x {base.learner.mini_batches} mini-batches, "
           f"seed {args.seed}", flush=True)
-    finals, seconds, histories = train_arms(base, args.arms, args.seed, output)
+    finals, seconds, histories = train_arms(base, args.arms, args.seed, output,
+                                           jobs=jobs)
 
     pool = [HeldOut(f"world {base.env.world_seed} train pool", base.env.kwargs(), "train",
                     args.pool)]
     runs, tables = evaluate_arms(base, finals, pool, k=args.k, seed=args.seed,
                                  temperature=1.0, groups_per_call=args.groups_per_call,
-                                 seconds=seconds)
+                                 seconds=seconds, jobs=jobs)
     seconds["total"] = time.perf_counter() - started_all
     lines = report_lines(
         f"Fit check, seed {args.seed}",

@@ -66,12 +66,14 @@ from typing import Any
 from rl_checks import (
     ARMS,
     SFT_ARM,
+    add_jobs_argument,
     evaluate_arms,
     failure_counts,
     failure_lines,
     outcome_spread,
     parse_named_dirs,
     report_lines,
+    resolve_jobs,
     save_played,
     split_lines,
     split_tables,
@@ -131,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="train the --arms and stop; play them later with --arms "
                              "--trained ARM=DIR (e.g. each arm in its own process on a GPU)")
     parser.add_argument("--output", default="runs/learning_check")
+    add_jobs_argument(parser)
     args = parser.parse_args(argv)
+    jobs = resolve_jobs(args.jobs)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     started_all = time.perf_counter()
 
@@ -177,12 +181,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{eval_temperature}), seed {args.seed}", flush=True)
 
     trained = parse_trained(args.trained, args.arms)
-    finals, seconds, histories = train_arms(base, rl_arms, args.seed, output)
+    finals, seconds, histories = train_arms(base, rl_arms, args.seed, output, jobs=jobs)
     sft_history: list[dict[str, Any]] = []
     if SFT_ARM in args.arms:
         budget = args.sft_seconds if args.sft_seconds is not None else seconds["igpo"]
         finals[SFT_ARM], seconds[SFT_ARM], sft_history = train_sft_arm(
-            base.policy.path, args.sft_config, budget, args.seed, output)
+            base.policy.path, args.sft_config, budget, args.seed, output,
+            threads=sft_threads(base.policy.threads, jobs, len(rl_arms)))
     if args.train_only:
         played = " ".join(f"{arm}={path}" for arm, path in finals.items())
         print(f"trained ({', '.join(f'{a} {s:.0f} s' for a, s in seconds.items())}); play "
@@ -200,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                         {**env, "world_seed": args.validation_world}, "test", args.num_tasks)]
     runs, tables = evaluate_arms(base, finals, held_out, k=args.k, seed=args.seed,
                                  temperature=eval_temperature,
-                                 groups_per_call=args.groups_per_call, seconds=seconds)
+                                 groups_per_call=args.groups_per_call, seconds=seconds,
+                                 jobs=jobs)
     seconds["total"] = time.perf_counter() - started_all
     tasks = len(runs["start"].per_task)
     lines = report_lines(
@@ -275,6 +281,15 @@ def main(argv: list[str] | None = None) -> int:
                       f"{browse[name][f'browse_ratio_{which}']:.3f}")
     print(f"RESULT wall_s={seconds['total']:.0f}")
     return 0
+
+
+def sft_threads(rl_threads: int, jobs: int, rl_arms: int) -> int | None:
+    """The sft arm's torch threads: those an RL arm had when the arms trained side by side
+    (its budget is the IGPO arm's wall time, so it gets what IGPO had), else the SFT
+    config's own."""
+    if jobs <= 1 or rl_arms <= 1:
+        return None
+    return max(1, (rl_threads or os.cpu_count() or 1) // jobs)
 
 
 def check_eval_temperature(value: float | None, rollout_temperature: float) -> float:

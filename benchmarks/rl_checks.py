@@ -5,6 +5,7 @@ sampling seeds and compare them with paired, task-clustered standard errors."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,35 @@ def parse_named_dirs(pairs: list[str], option: str, *, label: str = "NAME",
     return named
 
 
+def default_jobs() -> int:
+    """Processes a check trains its arms and plays its tasks in: two on a CPU machine with
+    two or more cores (one process per core beats one process with two intra-op threads on
+    this small policy: benchmarks/parallel_checks.py), one where CUDA runs the policy."""
+    import torch
+
+    if torch.cuda.is_available():
+        return 1
+    return min(2, os.cpu_count() or 1)
+
+
+def add_jobs_argument(parser: Any) -> None:
+    """--jobs, the same for every check."""
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="processes that train the RL arms side by side and then deal out "
+                             "the held-out tasks, each with policy.threads // jobs torch "
+                             "threads; the runs and episodes are the same for any value "
+                             "(default: 2 on a CPU machine with 2+ cores, 1 with CUDA)")
+
+
+def resolve_jobs(value: int | None) -> int:
+    """--jobs as given (refused below 1), or default_jobs()."""
+    if value is None:
+        return default_jobs()
+    if value < 1:
+        raise SystemExit(f"--jobs must be >= 1, got {value}")
+    return value
+
+
 def arm_config(base: Any, arm: str, seed: int, output: Path) -> Any:
     """The config of one arm: `igpo` (the config as it is), `placebo` (the same with
     random-sign advantages: the same step sizes, clipping and KL, no signal) or `grpo`
@@ -53,30 +83,73 @@ def arm_config(base: Any, arm: str, seed: int, output: Path) -> Any:
     return config
 
 
-def train_arms(base: Any, arms: list[str], seed: int, output: Path
+def train_arms(base: Any, arms: list[str], seed: int, output: Path, *, jobs: int = 1
                ) -> tuple[dict[str, str], dict[str, float], dict[str, list[dict[str, float]]]]:
-    """Train each arm from the same start; (final policy dirs, seconds, per-step history)."""
-    from trainers.rl.driver import train
+    """Train each arm from the same start; (final policy dirs, seconds, per-step history).
 
-    finals, seconds, histories = {}, {}, {}
-    for arm in arms:
-        started = time.perf_counter()
-        result = train(arm_config(base, arm, seed, output))
-        seconds[arm] = time.perf_counter() - started
-        histories[arm] = result.history
-        finals[arm] = str(output / arm / "final")
+    jobs > 1 trains up to `jobs` arms side by side, each in its own process with
+    policy.threads // jobs torch threads (the machine's cores // jobs when policy.threads is
+    0) and its output in <output>/<arm>.log; an arm's run is the same either way (its random
+    numbers come from its seed), only the wall time differs (benchmarks/parallel_checks.py).
+    An arm's seconds are then its own process's, which shared the machine with the others.
+    """
+    configs = {arm: arm_config(base, arm, seed, output) for arm in arms}
+    finals = {arm: str(output / arm / "final") for arm in arms}
+    if jobs <= 1 or len(arms) <= 1:
+        outcomes = {arm: _train_arm(config) for arm, config in configs.items()}
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        per_job = max(1, (base.policy.threads or os.cpu_count() or 1) // jobs)
+        print(f"training {', '.join(arms)} side by side, {per_job} torch thread(s) each "
+              f"(logs: {', '.join(str(output / f'{arm}.log') for arm in arms)})", flush=True)
+        with ProcessPoolExecutor(max_workers=min(jobs, len(arms)),
+                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {}
+            for arm, config in configs.items():
+                config.policy = dataclasses.replace(config.policy, threads=per_job)
+                futures[arm] = pool.submit(_train_arm, config, output / f"{arm}.log")
+            outcomes = {arm: future.result() for arm, future in futures.items()}
+    seconds = {arm: outcomes[arm][0] for arm in arms}
+    histories = {arm: outcomes[arm][1] for arm in arms}
+    for arm, history in histories.items():
         print(f"{arm}: {seconds[arm]:.0f} s; training accuracy per step "
-              f"{[round(h['accuracy'], 3) for h in result.history]}; format errors "
-              f"{[round(h['format_error_rate'], 2) for h in result.history]}", flush=True)
+              f"{[round(h['accuracy'], 3) for h in history]}; format errors "
+              f"{[round(h['format_error_rate'], 2) for h in history]}", flush=True)
     return finals, seconds, histories
 
 
+def _train_arm(config: Any, log_path: Path | None = None
+               ) -> tuple[float, list[dict[str, float]]]:
+    """One arm's RL run: (its seconds, its per-step metrics); with log_path, its printed
+    output goes there (a process of train_arms, beside the other arms)."""
+    import contextlib
+
+    from trainers.rl.driver import train
+
+    with contextlib.ExitStack() as stack:
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            stream = stack.enter_context(open(log_path, "w", buffering=1))
+            stack.enter_context(contextlib.redirect_stdout(stream))
+            stack.enter_context(contextlib.redirect_stderr(stream))
+        print(f"RL run into {config.run.output_dir}: {config.algorithm.name}, options "
+              f"{config.algorithm.options}, seed {config.run.seed}, {config.policy.threads} "
+              "torch thread(s)", flush=True)
+        started = time.perf_counter()
+        result = train(config)
+        return time.perf_counter() - started, result.history
+
+
 def train_sft_arm(start: str, config_path: str | Path, seconds: float, seed: int,
-                  output: Path) -> tuple[str, float, list[dict[str, Any]]]:
+                  output: Path, threads: int | None = None
+                  ) -> tuple[str, float, list[dict[str, Any]]]:
     """The equal-time baseline: continue `start` with SFT on fresh oracle episodes
     (`config_path`, an SFT config) for `seconds` of wall time in all, the data's generation
-    and tokenisation included (train.max_seconds gets what is left). Returns (final policy
-    dir, seconds spent, the SFT steps' metrics)."""
+    and tokenisation included (train.max_seconds gets what is left); `threads` (default: the
+    config's) its torch threads: those an RL arm had when the arms trained side by side.
+    Returns (final policy dir, seconds spent, the SFT steps' metrics)."""
     from trainers.sft.config import load_config
     from trainers.sft.pipeline import build_chat, build_samples, build_tokenizer, train_sft
 
@@ -84,6 +157,8 @@ def train_sft_arm(start: str, config_path: str | Path, seconds: float, seed: int
     config = load_config(str(config_path))
     config.model = dataclasses.replace(config.model, name=start, tokenizer=start)
     config.data = dataclasses.replace(config.data, seed=seed)
+    if threads is not None:
+        config.train = dataclasses.replace(config.train, threads_per_worker=threads)
     tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
     samples = build_samples(config, build_chat(tokenizer, config.model.chat_template))
     left = seconds - (time.perf_counter() - started)
@@ -161,10 +236,11 @@ def split_lines(tables: dict[str, dict[str, Any]]) -> list[str]:
 
 def evaluate_arms(base: Any, finals: dict[str, str], held_out: list[Any], *, k: int,
                   seed: int, temperature: float, groups_per_call: int,
-                  seconds: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+                  seconds: dict[str, float], jobs: int = 1
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The start policy and every trained one play `held_out` paired (the same tasks and
-    sampling seeds); returns the runs and arm_tables' paired comparisons, and adds the
-    evaluation's seconds to `seconds`."""
+    sampling seeds; `jobs` processes deal the tasks out, paired_evaluate); returns the runs
+    and arm_tables' paired comparisons, and adds the evaluation's seconds to `seconds`."""
     from trainers.evaluation.paired import paired_evaluate
 
     started = time.perf_counter()
@@ -172,7 +248,8 @@ def evaluate_arms(base: Any, finals: dict[str, str], held_out: list[Any], *, k: 
                            temperature=temperature,
                            max_turn_tokens=base.rollout.max_turn_tokens,
                            max_context_tokens=base.rollout.max_context_tokens,
-                           threads=base.policy.threads, groups_per_call=groups_per_call)
+                           threads=base.policy.threads, groups_per_call=groups_per_call,
+                           jobs=jobs)
     seconds["eval"] = time.perf_counter() - started
     return runs, arm_tables(runs, list(finals), seed)
 

@@ -5,6 +5,7 @@ start within its time, data included)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -331,3 +332,30 @@ def test_train_only_needs_arms_and_plays_nothing(learning_check, tmp_path, argv,
         learning_check.main([a.format(p=policy) for a in argv]
                             + ["--output", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def test_arms_trained_side_by_side_are_the_runs_trained_one_after_the_other(
+        learning_check, tmp_path, policy_dir):
+    from rl_checks import resolve_jobs, train_arms
+
+    from tests.test_rl_driver import small_config
+
+    base = small_config(policy_dir, tmp_path / "unused", steps=1)
+    base.eval = dataclasses.replace(base.eval, before=False, after=False)
+    keys = ("accuracy", "kl", "policy_loss", "entropy", "grad_norm")
+    runs = {}
+    for jobs in (1, 2):
+        finals, seconds, histories = train_arms(base, ["igpo", "placebo"], 3,
+                                                tmp_path / f"jobs{jobs}", jobs=jobs)
+        assert set(seconds) == {"igpo", "placebo"} and all(s > 0 for s in seconds.values())
+        assert all((Path(final) / "config.json").is_file() for final in finals.values())
+        runs[jobs] = {arm: [[step[key] for key in keys] for step in history]
+                      for arm, history in histories.items()}
+    assert runs[1] == runs[2]
+    # each process's printed output went to its own arm's log
+    for arm, other in (("igpo", "placebo"), ("placebo", "igpo")):
+        log = (tmp_path / "jobs2" / f"{arm}.log").read_text()
+        assert "step 1/1" in log and f"jobs2/{arm}:" in log and f"/{other}" not in log
+    assert resolve_jobs(3) == 3
+    with pytest.raises(SystemExit, match="--jobs must be >= 1"):
+        resolve_jobs(0)

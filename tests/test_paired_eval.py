@@ -102,3 +102,35 @@ def test_policies_meet_the_same_tasks_under_the_same_random_numbers(policy_dirs)
     assert all(d.diff == 0 and d.diff_se == 0 and not d.worse for d in same.values())
     reseeded = play({"a": first}, seed=1)["a"]
     assert [[t.messages[-1]["content"] for t in g] for g in reseeded.per_task] != texts["a"]
+
+
+def test_processes_that_deal_out_the_tasks_play_the_same_episodes(policy_dirs):
+    first, second = policy_dirs
+    held_out = [HeldOut("w3", dict(WORLD), "test", num_tasks=3),
+                HeldOut("w3 again", dict(WORLD), "test", num_tasks=2)]
+
+    def play(jobs):
+        return paired_evaluate({"a": first, "b": second}, held_out, k=2, seed=4,
+                               max_turn_tokens=12, max_context_tokens=2048, log=None,
+                               groups_per_call=2, threads=2, jobs=jobs)
+
+    alone, dealt = play(1), play(2)
+    for name in ("a", "b"):
+        assert [g[0].metadata["held_out"] for g in dealt[name].per_task] == [
+            "w3", "w3", "w3", "w3 again", "w3 again"]
+        assert ([[t.input_ids for t in g] for g in dealt[name].per_task]
+                == [[t.input_ids for t in g] for g in alone[name].per_task])
+        assert dealt[name].seeds == alone[name].seeds
+    with pytest.raises(ValueError, match="jobs must be >= 1"):
+        play(0)
+
+
+def test_shards_that_cannot_come_from_one_dealt_list_are_refused():
+    from trainers.evaluation.paired import interleave_shards
+
+    groups = [[_trajectory(task, True, 1, 0)] for task in range(5)]
+    dealt = [_evaluation(groups[0::2]), _evaluation(groups[1::2])]
+    assert [g[0].task_id for g in interleave_shards(dealt).per_task] == [
+        g[0].task_id for g in groups]
+    with pytest.raises(ValueError, match="do not deal out one list of 5"):
+        interleave_shards([dealt[1], dealt[0]])

@@ -31,6 +31,7 @@ its noise.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -166,7 +167,8 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
                     k: int = 1, seed: int = 0, temperature: float = 1.0,
                     max_turn_tokens: int = 256, max_context_tokens: int = 8192,
                     threads: int = 0, log: Callable[[str], None] | None = print,
-                    groups_per_call: int = 1, device: str = "auto") -> dict[str, Evaluation]:
+                    groups_per_call: int = 1, device: str = "auto",
+                    jobs: int = 1) -> dict[str, Evaluation]:
     """Play every held-out task k times with each policy directory (module docstring).
 
     Args:
@@ -176,15 +178,83 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
         seed: the sampling seed of the whole evaluation.
         temperature: sampling temperature (> 0: a greedy paired evaluation is one sample).
         max_turn_tokens: token cap per turn; max_context_tokens: an episode's hard cap.
-        threads: torch threads (0 = leave as is).
+        threads: torch threads in all (0 = leave as is; with jobs > 1, the machine's cores).
         log: progress lines (None = quiet).
         groups_per_call: tasks played at once, their turns sharing engine calls
             (trainers.rollout.rollout_groups); the trajectories are the same either way.
         device: where the policies run: "auto" (the current CUDA device when there is one,
             else the CPU), "cpu" or "cuda".
+        jobs: processes playing side by side, each every jobs-th task of the whole list with
+            threads // jobs torch threads. The trajectories are the same for any jobs (a
+            task's random numbers depend on the task only); on a small policy and few cores
+            separate processes beat one process's intra-op threads
+            (benchmarks/parallel_checks.py).
 
     Returns name -> Evaluation, whose per_task lists follow the same task order.
     """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for a sampled paired evaluation, got "
+                         f"{temperature}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    settings = dict(k=k, seed=seed, temperature=temperature, max_turn_tokens=max_turn_tokens,
+                    max_context_tokens=max_context_tokens, groups_per_call=groups_per_call,
+                    device=device)
+    if jobs == 1:
+        return _play_shard(dict(policies), list(held_out), shard=0, jobs=1, threads=threads,
+                           log=log, **settings)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    per_job = max(1, (threads or os.cpu_count() or 1) // jobs)
+    started = time.perf_counter()
+    # spawn, not fork: a forked child would inherit the parent's torch thread pool and locks.
+    with ProcessPoolExecutor(max_workers=jobs,
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_play_shard, dict(policies), list(held_out), shard=shard,
+                               jobs=jobs, threads=per_job,
+                               log=print if log is not None else None, **settings)
+                   for shard in range(jobs)]
+        shards = [future.result() for future in futures]
+    results = {name: interleave_shards([shard[name] for shard in shards]) for name in policies}
+    if log is not None:
+        for name, evaluation in results.items():
+            summary = {m: METRICS[m](evaluation.per_task) for m in HEADLINE}
+            log(f"  {name} ({policies[name]}): {len(evaluation.per_task)} tasks x {k}, "
+                + ", ".join(f"{m} {v:.3f}" for m, v in summary.items())
+                + f" ({jobs} processes, {time.perf_counter() - started:.0f} s in all)")
+    return results
+
+
+def interleave_shards(shards: Sequence[Evaluation]) -> Evaluation:
+    """One policy's evaluation from its shards: shard s of n played tasks s, s + n, s + 2n,
+    ... of the whole list, so task p is entry p // n of shard p % n.
+
+    Raises:
+        ValueError: the shards' lengths cannot come from one list dealt out that way.
+    """
+    n = len(shards)
+    total = sum(len(shard.per_task) for shard in shards)
+    expected = [len(range(s, total, n)) for s in range(n)]
+    if [len(shard.per_task) for shard in shards] != expected:
+        raise ValueError(f"shards of {[len(s.per_task) for s in shards]} tasks do not deal "
+                         f"out one list of {total} (expected {expected})")
+    merged = Evaluation(k=shards[0].k if shards else 1)
+    for position in range(total):
+        shard, index = shards[position % n], position // n
+        merged.per_task.append(shard.per_task[index])
+        merged.seeds.append(shard.seeds[index])
+    return merged
+
+
+def _play_shard(policies: dict[str, str | Path], held_out: list[HeldOut], *, shard: int,
+                jobs: int, k: int, seed: int, temperature: float, max_turn_tokens: int,
+                max_context_tokens: int, threads: int, log: Callable[[str], None] | None,
+                groups_per_call: int, device: str) -> dict[str, Evaluation]:
+    """paired_evaluate in one process: every jobs-th task of the whole task list (all sets
+    in order), starting at `shard`."""
     import torch
 
     from envs.group import DeepResearchGroupEnv
@@ -192,13 +262,9 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
     from trainers.modeling.models import load_policy, resolve_device
     from trainers.rollout import GroupPlay, SamplingConfig, rollout_groups, text_token_counter
 
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 for a sampled paired evaluation, got "
-                         f"{temperature}")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
     if threads:
         torch.set_num_threads(threads)
+    label = f" shard {shard + 1}/{jobs}" if jobs > 1 else ""
     results: dict[str, Evaluation] = {}
     for name, path in policies.items():
         started = time.perf_counter()
@@ -206,6 +272,7 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
         model = model.eval().to(resolve_device(device, "paired_evaluate(device=...)"))
         engine = HFEngine(model, tokenizer)
         evaluation = Evaluation(k=k)
+        position = 0  # of the set's first task in the whole list
         for index, held in enumerate(held_out):
             # A stuck remote tool backend must not stall the evaluation.
             env_kwargs = {"tool_timeout_s": 60.0, **held.env_kwargs, "task_split": held.split,
@@ -215,10 +282,11 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
             try:
                 available = len(groups[0].tasks)
                 count = available if not held.num_tasks else min(held.num_tasks, available)
-                for first in range(0, count, len(groups)):
-                    tasks = range(first, min(first + len(groups), count))
+                mine = [task for task in range(count) if (position + task) % jobs == shard]
+                position += count
+                for first in range(0, len(mine), len(groups)):
                     plays = []
-                    for task, group in zip(tasks, groups):
+                    for task, group in zip(mine[first:first + len(groups)], groups):
                         member_seed = _member_seed(seed, index, task)
                         plays.append(GroupPlay(group, seed=member_seed,
                                                options={"task_index": task},
@@ -235,9 +303,9 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
                 for group in groups:
                     group.close()
         results[name] = evaluation
-        if log is not None:
+        if log is not None and evaluation.per_task:
             summary = {m: METRICS[m](evaluation.per_task) for m in HEADLINE}
-            log(f"  {name} ({path}): {len(evaluation.per_task)} tasks x {k}, "
+            log(f"  {name}{label} ({path}): {len(evaluation.per_task)} tasks x {k}, "
                 + ", ".join(f"{m} {v:.3f}" for m, v in summary.items())
                 + f" ({time.perf_counter() - started:.0f} s)")
         del engine, model
@@ -245,4 +313,4 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
 
 
 __all__ = ["HEADLINE", "METRICS", "Difference", "HeldOut", "WORSE_Z", "compare",
-           "comparison_lines", "paired_evaluate"]
+           "comparison_lines", "interleave_shards", "paired_evaluate"]
