@@ -12,7 +12,8 @@
 # held-out split, 106 episodes at k 2). OUTPUT_DIR/seed_S holds a seed's runs, its logs
 # (train_igpo.log, train_placebo.log, play.log) and results.md / results.json;
 # OUTPUT_DIR/summary.txt gets each seed's RESULT lines and phase times as it finishes.
-# Exits non-zero if any seed failed. Each process runs policy.threads (2) torch threads: keep
+# Exits non-zero if any seed failed. The seeds and arms are this script's processes (each
+# check runs with --jobs 1). Each process runs policy.threads (2) torch threads: keep
 # seeds x 2 arms x threads within the cores (more makes OpenMP's spinning threads contend:
 # two 2-thread trainers on 2 cores took over 9 minutes for a step one of them alone takes in 80 s).
 set -u
@@ -38,7 +39,7 @@ run_seed() {  # run_seed SEED: train both arms at once, then play; the last line
     for arm in igpo placebo; do
         # shellcheck disable=SC2086  # LEARNING_ARGS is a list of arguments
         "$python" "${check[@]}" --seed "$seed" --arms "$arm" --train-only --output "$dir" \
-            ${LEARNING_ARGS:-} >"$dir/train_$arm.log" 2>&1 &
+            --jobs 1 ${LEARNING_ARGS:-} >"$dir/train_$arm.log" 2>&1 &
     done
     wait
     local trained=$((SECONDS - started))
@@ -50,7 +51,7 @@ run_seed() {  # run_seed SEED: train both arms at once, then play; the last line
     done
     # shellcheck disable=SC2086
     "$python" "${check[@]}" --seed "$seed" --arms --trained igpo="$dir/igpo/final" \
-        placebo="$dir/placebo/final" --output "$dir" ${LEARNING_ARGS:-} \
+        placebo="$dir/placebo/final" --output "$dir" --jobs 1 ${LEARNING_ARGS:-} \
         ${PLAY_ARGS:---groups-per-call 53} >"$dir/play.log" 2>&1
     local rc=$?
     {

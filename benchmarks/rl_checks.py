@@ -5,7 +5,6 @@ sampling seeds and compare them with paired, task-clustered standard errors."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -42,9 +41,11 @@ def default_jobs() -> int:
     this small policy: benchmarks/parallel_checks.py), one where CUDA runs the policy."""
     import torch
 
+    from trainers.processes import usable_cores
+
     if torch.cuda.is_available():
         return 1
-    return min(2, os.cpu_count() or 1)
+    return min(2, usable_cores())
 
 
 def add_jobs_argument(parser: Any) -> None:
@@ -87,30 +88,30 @@ def train_arms(base: Any, arms: list[str], seed: int, output: Path, *, jobs: int
                ) -> tuple[dict[str, str], dict[str, float], dict[str, list[dict[str, float]]]]:
     """Train each arm from the same start; (final policy dirs, seconds, per-step history).
 
-    jobs > 1 trains up to `jobs` arms side by side, each in its own process with
-    policy.threads // jobs torch threads (the machine's cores // jobs when policy.threads is
-    0) and its output in <output>/<arm>.log; an arm's run is the same either way (its random
-    numbers come from its seed), only the wall time differs (benchmarks/parallel_checks.py).
-    An arm's seconds are then its own process's, which shared the machine with the others.
+    jobs > 1 trains up to `jobs` arms side by side, each in its own process
+    (trainers.processes) sharing policy.threads (the usable cores when 0) and printing to
+    <output>/<arm>.log. An arm's random numbers come from its seed, so its run is the one of
+    a single process wherever the kernels give the same numbers at another thread count
+    (they did in tests/test_learning_check_args.py and benchmarks/parallel_checks.py); an
+    arm's seconds are then its own process's, which shared the machine with the others.
     """
     configs = {arm: arm_config(base, arm, seed, output) for arm in arms}
     finals = {arm: str(output / arm / "final") for arm in arms}
     if jobs <= 1 or len(arms) <= 1:
         outcomes = {arm: _train_arm(config) for arm, config in configs.items()}
     else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        from trainers.processes import run_in_processes, threads_per_process
 
-        per_job = max(1, (base.policy.threads or os.cpu_count() or 1) // jobs)
-        print(f"training {', '.join(arms)} side by side, {per_job} torch thread(s) each "
+        processes = min(jobs, len(arms))
+        per_process = threads_per_process(base.policy.threads, processes)
+        print(f"training {', '.join(arms)} side by side, {per_process} torch thread(s) each "
               f"(logs: {', '.join(str(output / f'{arm}.log') for arm in arms)})", flush=True)
-        with ProcessPoolExecutor(max_workers=min(jobs, len(arms)),
-                                 mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {}
-            for arm, config in configs.items():
-                config.policy = dataclasses.replace(config.policy, threads=per_job)
-                futures[arm] = pool.submit(_train_arm, config, output / f"{arm}.log")
-            outcomes = {arm: future.result() for arm, future in futures.items()}
+        for config in configs.values():
+            config.policy = dataclasses.replace(config.policy, threads=per_process)
+        results = run_in_processes(
+            [(_train_arm, (config, output / f"{arm}.log"), {}) for arm, config in configs.items()],
+            processes)
+        outcomes = dict(zip(configs, results))
     seconds = {arm: outcomes[arm][0] for arm in arms}
     histories = {arm: outcomes[arm][1] for arm in arms}
     for arm, history in histories.items():
@@ -158,6 +159,10 @@ def train_sft_arm(start: str, config_path: str | Path, seconds: float, seed: int
     config.model = dataclasses.replace(config.model, name=start, tokenizer=start)
     config.data = dataclasses.replace(config.data, seed=seed)
     if threads is not None:
+        import torch
+
+        # The in-process SFT loop leaves torch's threads as they are: set them here.
+        torch.set_num_threads(threads)
         config.train = dataclasses.replace(config.train, threads_per_worker=threads)
     tokenizer = build_tokenizer(config.model, config.env_kwargs(), config.data.world_seeds)
     samples = build_samples(config, build_chat(tokenizer, config.model.chat_template))

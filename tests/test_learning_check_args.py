@@ -134,8 +134,13 @@ def test_the_sft_arm_continues_the_start_within_its_time(learning_check, tmp_pat
     from trainers.modeling.models import resolve_model_path
     from trainers.modeling.warm_start import policy_record
 
-    final, spent, history = train_sft_arm("warm-start", toy_sft_config, 120.0, 3,
-                                          tmp_path / "check")
+    threads = torch.get_num_threads()
+    try:  # threads=1: what one RL arm had when two trained side by side on 2 cores
+        final, spent, history = train_sft_arm("warm-start", toy_sft_config, 120.0, 3,
+                                              tmp_path / "check", threads=1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
     assert Path(final) == tmp_path / "check" / "sft" / "final" and history
     record = policy_record(final)
     assert record["start"] == "warm-start"
@@ -145,6 +150,7 @@ def test_the_sft_arm_continues_the_start_within_its_time(learning_check, tmp_pat
     # the budget less the data's time goes to the loop; the seeds follow the check's
     assert 0 < logged["train"]["max_seconds"] < 120.0
     assert logged["train"]["seed"] == 3 and logged["data"]["seed"] == 3
+    assert logged["train"]["threads_per_worker"] == 1
     start = load_file(resolve_model_path("warm-start") / "model.safetensors")
     trained = load_file(Path(final) / "model.safetensors")
     assert any(not torch.equal(start[name], trained[name]) for name in start)
@@ -342,6 +348,8 @@ def test_arms_trained_side_by_side_are_the_runs_trained_one_after_the_other(
 
     base = small_config(policy_dir, tmp_path / "unused", steps=1)
     base.eval = dataclasses.replace(base.eval, before=False, after=False)
+    # one process with 2 threads against two with 1 each: the same numbers either way
+    base.policy = dataclasses.replace(base.policy, threads=2)
     keys = ("accuracy", "kl", "policy_loss", "entropy", "grad_norm")
     runs = {}
     for jobs in (1, 2):

@@ -104,23 +104,28 @@ def test_policies_meet_the_same_tasks_under_the_same_random_numbers(policy_dirs)
     assert [[t.messages[-1]["content"] for t in g] for g in reseeded.per_task] != texts["a"]
 
 
-def test_processes_that_deal_out_the_tasks_play_the_same_episodes(policy_dirs):
+def test_processes_that_deal_out_the_tasks_play_the_same_episodes(policy_dirs, capfd):
     first, second = policy_dirs
     held_out = [HeldOut("w3", dict(WORLD), "test", num_tasks=3),
                 HeldOut("w3 again", dict(WORLD), "test", num_tasks=2)]
 
-    def play(jobs):
+    def play(jobs, log=None):
         return paired_evaluate({"a": first, "b": second}, held_out, k=2, seed=4,
-                               max_turn_tokens=12, max_context_tokens=2048, log=None,
+                               max_turn_tokens=12, max_context_tokens=2048, log=log,
                                groups_per_call=2, threads=2, jobs=jobs)
 
-    alone, dealt = play(1), play(2)
+    alone = play(1)
+    capfd.readouterr()
+    dealt = play(2, log=print)
+    printed = capfd.readouterr().out
+    # both processes played (3 tasks and 2 of the 5), each with its own progress lines
+    assert "a shard 1/2" in printed and "3 tasks x 2" in printed
+    assert "b shard 2/2" in printed and "2 tasks x 2" in printed
     for name in ("a", "b"):
         assert [g[0].metadata["held_out"] for g in dealt[name].per_task] == [
             "w3", "w3", "w3", "w3 again", "w3 again"]
         assert ([[t.input_ids for t in g] for g in dealt[name].per_task]
                 == [[t.input_ids for t in g] for g in alone[name].per_task])
-        assert dealt[name].seeds == alone[name].seeds
     with pytest.raises(ValueError, match="jobs must be >= 1"):
         play(0)
 
@@ -134,3 +139,6 @@ def test_shards_that_cannot_come_from_one_dealt_list_are_refused():
         g[0].task_id for g in groups]
     with pytest.raises(ValueError, match="do not deal out one list of 5"):
         interleave_shards([dealt[1], dealt[0]])
+    # more processes than tasks: the last shards are empty
+    one = interleave_shards([_evaluation(groups[:1]), Evaluation(k=1), Evaluation(k=1)])
+    assert [g[0].task_id for g in one.per_task] == ["task-0"]

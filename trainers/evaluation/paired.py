@@ -31,7 +31,6 @@ its noise.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -184,11 +183,15 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
             (trainers.rollout.rollout_groups); the trajectories are the same either way.
         device: where the policies run: "auto" (the current CUDA device when there is one,
             else the CPU), "cpu" or "cuda".
-        jobs: processes playing side by side, each every jobs-th task of the whole list with
-            threads // jobs torch threads. The trajectories are the same for any jobs (a
-            task's random numbers depend on the task only); on a small policy and few cores
-            separate processes beat one process's intra-op threads
-            (benchmarks/parallel_checks.py).
+        jobs: processes playing side by side (trainers.processes), each every jobs-th task
+            of the whole list with threads // jobs torch threads, their episodes put back in
+            the one task order. A task's random numbers depend on the task only, so the
+            episodes are those of one process wherever the kernels give the same numbers at
+            another thread count (token for token in tests/test_paired_eval.py and
+            benchmarks/parallel_checks.py); on a small policy and few cores separate
+            processes beat one process's intra-op threads. The held-out sets' env_kwargs
+            are pickled to the processes (plain values: a live client or a lambda fails),
+            and each process prints its own progress lines (`log` only says whether).
 
     Returns name -> Evaluation, whose per_task lists follow the same task order.
     """
@@ -205,19 +208,17 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
     if jobs == 1:
         return _play_shard(dict(policies), list(held_out), shard=0, jobs=1, threads=threads,
                            log=log, **settings)
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    import functools
 
-    per_job = max(1, (threads or os.cpu_count() or 1) // jobs)
+    from trainers.processes import run_in_processes, threads_per_process
+
+    per_process = threads_per_process(threads, jobs)
     started = time.perf_counter()
-    # spawn, not fork: a forked child would inherit the parent's torch thread pool and locks.
-    with ProcessPoolExecutor(max_workers=jobs,
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_play_shard, dict(policies), list(held_out), shard=shard,
-                               jobs=jobs, threads=per_job,
-                               log=print if log is not None else None, **settings)
-                   for shard in range(jobs)]
-        shards = [future.result() for future in futures]
+    child_log = functools.partial(print, flush=True) if log is not None else None
+    shards = run_in_processes([
+        (_play_shard, (dict(policies), list(held_out)),
+         dict(shard=shard, jobs=jobs, threads=per_process, log=child_log, **settings))
+        for shard in range(jobs)])
     results = {name: interleave_shards([shard[name] for shard in shards]) for name in policies}
     if log is not None:
         for name, evaluation in results.items():
