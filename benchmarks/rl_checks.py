@@ -91,9 +91,11 @@ def train_arms(base: Any, arms: list[str], seed: int, output: Path, *, jobs: int
     jobs > 1 trains up to `jobs` arms side by side, each in its own process
     (trainers.processes) sharing policy.threads (the usable cores when 0) and printing to
     <output>/<arm>.log. An arm's random numbers come from its seed, so its run is the one of
-    a single process wherever the kernels give the same numbers at another thread count
-    (they did in tests/test_learning_check_args.py and benchmarks/parallel_checks.py); an
-    arm's seconds are then its own process's, which shared the machine with the others.
+    a single process up to rounding: at one thread the learner adds its sums in another
+    order than at two, which moves its loss, KL and gradient norm in the third or fourth
+    significant digit (benchmarks/parallel_checks.py), and the sampled episodes stay the same
+    unless such a difference flips a token. An arm's seconds are then its own process's,
+    which shared the machine with the others.
     """
     configs = {arm: arm_config(base, arm, seed, output) for arm in arms}
     finals = {arm: str(output / arm / "final") for arm in arms}

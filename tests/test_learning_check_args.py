@@ -348,18 +348,21 @@ def test_arms_trained_side_by_side_are_the_runs_trained_one_after_the_other(
 
     base = small_config(policy_dir, tmp_path / "unused", steps=1)
     base.eval = dataclasses.replace(base.eval, before=False, after=False)
-    # one process with 2 threads against two with 1 each: the same numbers either way
+    # one process with 2 threads against two with 1 each
     base.policy = dataclasses.replace(base.policy, threads=2)
-    keys = ("accuracy", "kl", "policy_loss", "entropy", "grad_norm")
     runs = {}
     for jobs in (1, 2):
         finals, seconds, histories = train_arms(base, ["igpo", "placebo"], 3,
                                                 tmp_path / f"jobs{jobs}", jobs=jobs)
         assert set(seconds) == {"igpo", "placebo"} and all(s > 0 for s in seconds.values())
         assert all((Path(final) / "config.json").is_file() for final in finals.values())
-        runs[jobs] = {arm: [[step[key] for key in keys] for step in history]
-                      for arm, history in histories.items()}
-    assert runs[1] == runs[2]
+        runs[jobs] = histories
+    for arm in ("igpo", "placebo"):
+        for alone, beside in zip(runs[1][arm], runs[2][arm], strict=True):
+            assert alone["accuracy"] == beside["accuracy"]  # the same sampled episodes
+            # the learner's sums may round differently at one thread than at two
+            for key in ("kl", "policy_loss", "entropy", "grad_norm"):
+                assert beside[key] == pytest.approx(alone[key], rel=1e-3, abs=1e-9)
     # each process's printed output went to its own arm's log
     for arm, other in (("igpo", "placebo"), ("placebo", "igpo")):
         log = (tmp_path / "jobs2" / f"{arm}.log").read_text()

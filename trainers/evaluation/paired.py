@@ -186,10 +186,10 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
         jobs: processes playing side by side (trainers.processes), each every jobs-th task
             of the whole list with threads // jobs torch threads, their episodes put back in
             the one task order. A task's random numbers depend on the task only, so the
-            episodes are those of one process wherever the kernels give the same numbers at
-            another thread count (token for token in tests/test_paired_eval.py and
-            benchmarks/parallel_checks.py); on a small policy and few cores separate
-            processes beat one process's intra-op threads. The held-out sets' env_kwargs
+            episodes are those of one process unless the logits' rounding at another thread
+            count flips a sampled token (none did in tests/test_paired_eval.py, nor in a
+            99-task learning check; benchmarks/parallel_checks.py counts them); on a small
+            policy and few cores separate processes beat one process's intra-op threads. The held-out sets' env_kwargs
             are pickled to the processes (plain values: a live client or a lambda fails),
             and each process prints its own progress lines (`log` only says whether).
 
