@@ -287,7 +287,7 @@ def sft_threads(rl_threads: int, jobs: int, rl_arms: int) -> int | None:
     """The sft arm's torch threads: those an RL arm had when the arms trained side by side
     (its budget is the IGPO arm's wall time, so it gets what IGPO had), else the SFT
     config's own."""
-    from trainers.processes import threads_per_process
+    from trainers.backends import threads_per_process
 
     if jobs <= 1 or rl_arms <= 1:
         return None

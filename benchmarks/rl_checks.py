@@ -41,7 +41,7 @@ def default_jobs() -> int:
     this small policy: benchmarks/parallel_checks.py), one where CUDA runs the policy."""
     import torch
 
-    from trainers.processes import usable_cores
+    from trainers.backends import usable_cores
 
     if torch.cuda.is_available():
         return 1
@@ -89,8 +89,8 @@ def train_arms(base: Any, arms: list[str], seed: int, output: Path, *, jobs: int
     """Train each arm from the same start; (final policy dirs, seconds, per-step history).
 
     jobs > 1 trains up to `jobs` arms side by side, each in its own process
-    (trainers.processes) sharing policy.threads (the usable cores when 0) and printing to
-    <output>/<arm>.log. An arm's random numbers come from its seed, so its run is the one of
+    (trainers.backends.run_in_processes) sharing policy.threads (the usable cores when 0)
+    and printing to <output>/<arm>.log. An arm's random numbers come from its seed, so its run is the one of
     a single process up to rounding: at one thread the learner adds its sums in another
     order than at two, which moves its loss, KL and gradient norm in the third or fourth
     significant digit (benchmarks/parallel_checks.py), and the sampled episodes stay the same
@@ -102,7 +102,7 @@ def train_arms(base: Any, arms: list[str], seed: int, output: Path, *, jobs: int
     if jobs <= 1 or len(arms) <= 1:
         outcomes = {arm: _train_arm(config) for arm, config in configs.items()}
     else:
-        from trainers.processes import run_in_processes, threads_per_process
+        from trainers.backends import run_in_processes, threads_per_process
 
         processes = min(jobs, len(arms))
         per_process = threads_per_process(base.policy.threads, processes)

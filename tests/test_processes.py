@@ -1,4 +1,4 @@
-"""trainers.processes: calls in spawned processes come back in order, and the first failure
+"""trainers.backends.run_in_processes: calls in spawned processes come back in order, and the first failure
 stops the rest instead of waiting for them."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from trainers.processes import run_in_processes, threads_per_process, usable_cores
+from trainers.backends import run_in_processes, threads_per_process, usable_cores
 
 
 def _pid_after(seconds: float, value: int) -> tuple[int, int]:

@@ -38,7 +38,6 @@ Where we deviate from DR-Venus and why
 from __future__ import annotations
 
 import multiprocessing
-import os
 import random
 import sys
 from collections.abc import Iterable, Sequence
@@ -50,6 +49,7 @@ import gymnasium as gym
 from tqdm import tqdm
 
 import envs  # noqa: F401  (registers the environments)
+from trainers.backends import usable_cores
 from trainers.modeling.tokenization import ChatTokenizer
 from trainers.trajectory import Trajectory, Turn, check_invariants
 from venus_gym.protocol import parse_turn
@@ -312,12 +312,7 @@ def resolve_workers(workers: int) -> int:
     """A worker count: n >= 1 as given, 0 = one per CPU core this process may use."""
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
         raise ValueError(f"workers must be an int >= 0 (0 = one per CPU core), got {workers!r}")
-    if workers:
-        return workers
-    try:  # the cores this process may run on (Linux); elsewhere all the machine's
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    return workers or usable_cores()
 
 
 @dataclass(frozen=True)

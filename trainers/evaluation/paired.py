@@ -183,9 +183,9 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
             (trainers.rollout.rollout_groups); the trajectories are the same either way.
         device: where the policies run: "auto" (the current CUDA device when there is one,
             else the CPU), "cpu" or "cuda".
-        jobs: processes playing side by side (trainers.processes), each every jobs-th task
-            of the whole list with threads // jobs torch threads, their episodes put back in
-            the one task order. A task's random numbers depend on the task only, so the
+        jobs: processes playing side by side (trainers.backends.run_in_processes), each
+            every jobs-th task of the whole list with threads // jobs torch threads, their
+            episodes put back in the one task order. A task's random numbers depend on the task only, so the
             episodes are those of one process unless the logits' rounding at another thread
             count flips a sampled token (none did in tests/test_paired_eval.py, nor in a
             99-task learning check; benchmarks/parallel_checks.py counts them); on a small
@@ -210,7 +210,7 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
                            log=log, **settings)
     import functools
 
-    from trainers.processes import run_in_processes, threads_per_process
+    from trainers.backends import run_in_processes, threads_per_process
 
     per_process = threads_per_process(threads, jobs)
     started = time.perf_counter()
