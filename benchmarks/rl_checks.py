@@ -53,7 +53,8 @@ def add_jobs_argument(parser: Any) -> None:
     parser.add_argument("--jobs", type=int, default=None,
                         help="processes that train the RL arms side by side and then deal out "
                              "the held-out tasks, each with policy.threads // jobs torch "
-                             "threads; the runs and episodes are the same for any value "
+                             "threads; the runs and episodes are the same for any value, "
+                             "up to the learner's rounding "
                              "(default: 2 on a CPU machine with 2+ cores, 1 with CUDA)")
 
 
@@ -90,12 +91,12 @@ def train_arms(base: Any, arms: list[str], seed: int, output: Path, *, jobs: int
 
     jobs > 1 trains up to `jobs` arms side by side, each in its own process
     (trainers.backends.run_in_processes) sharing policy.threads (the usable cores when 0)
-    and printing to <output>/<arm>.log. An arm's random numbers come from its seed, so its run is the one of
-    a single process up to rounding: at one thread the learner adds its sums in another
-    order than at two, which moves its loss, KL and gradient norm in the third or fourth
-    significant digit (benchmarks/parallel_checks.py), and the sampled episodes stay the same
-    unless such a difference flips a token. An arm's seconds are then its own process's,
-    which shared the machine with the others.
+    and printing to <output>/<arm>.log. An arm's random numbers come from its seed, so its
+    run is the one of a single process up to rounding: at one thread the learner adds its
+    sums in another order than at two, which moves its loss, KL and gradient norm in the
+    third or fourth significant digit (benchmarks/parallel_checks.py), and the sampled
+    episodes stay the same unless such a difference flips a token. An arm's seconds are
+    then its own process's, which shared the machine with the others.
     """
     configs = {arm: arm_config(base, arm, seed, output) for arm in arms}
     finals = {arm: str(output / arm / "final") for arm in arms}

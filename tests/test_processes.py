@@ -1,5 +1,5 @@
-"""trainers.backends.run_in_processes: calls in spawned processes come back in order, and the first failure
-stops the rest instead of waiting for them."""
+"""trainers.backends.run_in_processes: calls in spawned processes come back in order, and
+the first failure stops the rest instead of waiting for them."""
 
 from __future__ import annotations
 

@@ -177,7 +177,7 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
         seed: the sampling seed of the whole evaluation.
         temperature: sampling temperature (> 0: a greedy paired evaluation is one sample).
         max_turn_tokens: token cap per turn; max_context_tokens: an episode's hard cap.
-        threads: torch threads in all (0 = leave as is; with jobs > 1, the machine's cores).
+        threads: torch threads in all (0 = leave as is; with jobs > 1, the usable cores).
         log: progress lines (None = quiet).
         groups_per_call: tasks played at once, their turns sharing engine calls
             (trainers.rollout.rollout_groups); the trajectories are the same either way.
@@ -185,13 +185,14 @@ def paired_evaluate(policies: Mapping[str, str | Path], held_out: Sequence[HeldO
             else the CPU), "cpu" or "cuda".
         jobs: processes playing side by side (trainers.backends.run_in_processes), each
             every jobs-th task of the whole list with threads // jobs torch threads, their
-            episodes put back in the one task order. A task's random numbers depend on the task only, so the
-            episodes are those of one process unless the logits' rounding at another thread
-            count flips a sampled token (none did in tests/test_paired_eval.py, nor in a
-            99-task learning check; benchmarks/parallel_checks.py counts them); on a small
-            policy and few cores separate processes beat one process's intra-op threads. The held-out sets' env_kwargs
-            are pickled to the processes (plain values: a live client or a lambda fails),
-            and each process prints its own progress lines (`log` only says whether).
+            episodes put back in the one task order. A task's random numbers depend on the
+            task only, so the episodes are those of one process unless the logits' rounding
+            at another thread count flips a sampled token (none did in
+            tests/test_paired_eval.py, nor in a 99-task learning check;
+            benchmarks/parallel_checks.py counts them); on a small policy and few cores
+            separate processes beat one process's intra-op threads. The held-out sets'
+            env_kwargs are pickled to the processes (plain values: a live client or a lambda
+            fails), and each process prints its own progress lines (`log` only says whether).
 
     Returns name -> Evaluation, whose per_task lists follow the same task order.
     """
