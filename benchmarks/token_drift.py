@@ -14,8 +14,13 @@ one update than it can rise (ratio 0.8 takes p = 0.99 to 0.79; ratio 1.2 cannot 
 1), so random-sign updates (the placebo) should show up as falls concentrated on the
 tokens the start was sure of. Prints `RESULT <policy>_dlogp_p<bucket>=` lines and the mean
 change of each trajectory's summed log-probability, over all and over the correct and the
-wrong ones (`<policy>_dlogp_per_{trajectory,correct,wrong}`): a policy that learned from
-outcomes raises its correct trajectories against its wrong ones.
+wrong ones (`<policy>_dlogp_per_{trajectory,correct,wrong}`, with their SE and median): a
+policy that learned from outcomes raises its correct trajectories against its wrong ones.
+
+Held-out episodes, such as the learning check's `played/<policy>.jsonl`, are saved without
+token ids; they are tokenized here with the start's chat template (the text as SFT would see
+it, which can differ from the ids the engine sampled), so the same question can be asked of
+tasks no run trained on: does the update raise the start's correct held-out episodes?
 """
 
 from __future__ import annotations
@@ -42,6 +47,37 @@ def token_logprobs(model: torch.nn.Module, ids: list[int], mask: list[int],
     return chosen[keep]
 
 
+def with_token_ids(trajectories: list, start: str) -> list:
+    """The trajectories, those saved without token ids (held-out play) tokenized with the
+    start policy's chat template; the order is kept."""
+    missing = [index for index, t in enumerate(trajectories) if not t.input_ids]
+    if not missing:
+        return trajectories
+    from trainers.data.oracle_data import tokenize_trajectories
+    from trainers.modeling.models import load_tokenizer
+
+    chat = load_tokenizer(start)[1]
+    tokenized = tokenize_trajectories([trajectories[i] for i in missing], chat)
+    result = list(trajectories)
+    for index, trajectory in zip(missing, tokenized):
+        result[index] = trajectory
+    return result
+
+
+def mean_se_median(values: list[float]) -> tuple[float, float, float]:
+    """Mean, its standard error and the median; nan where there are too few values."""
+    if not values:
+        return float("nan"), float("nan"), float("nan")
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, float("nan"), median
+    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return mean, (variance / len(values)) ** 0.5, median
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--start", default="warm-start", help="the policy RL started from")
@@ -65,9 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     files = sorted({f for pattern in args.trajectories for f in glob.glob(pattern)})
     if not files:
         raise SystemExit(f"no file matches --trajectories {args.trajectories}")
-    trajectories = [t for f in files for t in read_trajectories(f) if t.input_ids][:args.limit]
+    trajectories = [t for f in files for t in read_trajectories(f)
+                    if t.input_ids or t.messages][:args.limit]
     if not trajectories:
-        raise SystemExit(f"none of {len(files)} files holds a trajectory with input_ids")
+        raise SystemExit(f"none of {len(files)} files holds a trajectory with input_ids or "
+                         f"messages")
+    trajectories = with_token_ids(trajectories, args.start)
     torch.set_grad_enabled(False)
     start = load_policy(args.start)[0].eval()
     base = [token_logprobs(start, t.input_ids, t.loss_mask, args.temperature)
@@ -78,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
           f"policy tokens, temperature {args.temperature}")
     header = "| policy | " + " | ".join(
         f"p in [{lo:g}, {hi:g}) share / mean dlogp / fell > 0.1" for lo, hi in
-        zip(EDGES, EDGES[1:])) + " | dlogp per trajectory: all / correct / wrong |"
+        zip(EDGES, EDGES[1:])) + " | dlogp per trajectory, mean ± SE: all / correct / wrong |"
     lines = [header, "|---" * (len(EDGES) + 1) + "|"]
     for name, path in policies.items():
         model = load_policy(path)[0].eval()
@@ -98,12 +137,14 @@ def main(argv: list[str] | None = None) -> int:
                             if (t.outcome or 0) >= 0.5],
                 "wrong": [float(m.sum()) for m, t in zip(moved, trajectories)
                           if (t.outcome or 0) < 0.5]}
-        means = {k: sum(v) / len(v) if v else float("nan") for k, v in sums.items()}
-        for key, value in means.items():
-            print(f"RESULT {name}_dlogp_per_{key}={value:.3f}")
+        stats = {k: mean_se_median(v) for k, v in sums.items()}
+        for key, (mean, se, median) in stats.items():
+            print(f"RESULT {name}_dlogp_per_{key}={mean:.3f}")
+            print(f"RESULT {name}_dlogp_per_{key}_se={se:.3f}")
+            print(f"RESULT {name}_dlogp_per_{key}_median={median:.3f}")
         lines.append(f"| {name} | " + " | ".join(cells) + " | " + " / ".join(
-            f"{means[k]:+.2f}" for k in sums) + f" ({len(sums['correct'])} / "
-            f"{len(sums['wrong'])}) |")
+            f"{stats[k][0]:+.2f} ± {stats[k][1]:.2f} (median {stats[k][2]:+.2f})"
+            for k in sums) + f" ({len(sums['correct'])} / {len(sums['wrong'])}) |")
     print("\n".join(lines))
     return 0
 

@@ -33,3 +33,41 @@ def test_token_logprobs_are_the_masked_tokens_log_probabilities_at_the_temperatu
     assert torch.allclose(scored, torch.stack(expected), atol=1e-5)
     hotter = _module().token_logprobs(model, ids, mask, temperature=1.0)
     assert not torch.allclose(scored, hotter)  # the temperature is applied
+
+
+def test_held_out_episodes_without_ids_are_tokenized_with_the_start_template_in_order():
+    from trainers.data.oracle_data import (
+        SHORT_MIXTURE,
+        OracleDataConfig,
+        generate_oracle_trajectories,
+        tokenize_trajectories,
+    )
+    from trainers.modeling.models import load_tokenizer
+
+    env = {"world_size": 300, "world_seed": 0, "hops": (1, 2), "search_top_k": 3,
+           "prompt_style": "compact"}
+    played = generate_oracle_trajectories(OracleDataConfig(num_episodes=3, seed=5, env_kwargs=env,
+                                                           mixture=SHORT_MIXTURE))
+    assert not any(t.input_ids for t in played)  # as a held-out play file saves them
+    chat = load_tokenizer("warm-start")[1]
+    already = tokenize_trajectories(played[1:2], chat)[0]
+    mixed = [played[0], already, played[2]]
+    result = _module().with_token_ids(mixed, "warm-start")
+    assert result[1] is already  # a trajectory with ids is kept as it was
+    expected = tokenize_trajectories([played[0], played[2]], chat)
+    for got, want, source in zip([result[0], result[2]], expected, [played[0], played[2]]):
+        assert got.input_ids == want.input_ids and got.loss_mask == want.loss_mask
+        assert got.messages == source.messages and got.outcome == source.outcome
+        assert 0 < sum(got.loss_mask) < len(got.input_ids)
+    assert _module().with_token_ids(result, "warm-start") == result  # nothing left to do
+
+
+def test_mean_se_median_of_per_trajectory_changes():
+    stats = _module().mean_se_median
+    mean, se, median = stats([4.0, 1.0, 3.0, 2.0])
+    assert (mean, median) == (2.5, 2.5)
+    assert abs(se - (((1.5 ** 2 + 0.5 ** 2) * 2 / 3) / 4) ** 0.5) < 1e-12
+    assert stats([5.0, -1.0, 0.0])[2] == 0.0
+    one = stats([2.0])
+    assert one[0] == 2.0 and one[2] == 2.0 and one[1] != one[1]  # no SE from one value
+    assert all(v != v for v in stats([]))
