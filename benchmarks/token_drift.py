@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import statistics
 
 import torch
 
@@ -68,14 +69,8 @@ def mean_se_median(values: list[float]) -> tuple[float, float, float]:
     """Mean, its standard error and the median; nan where there are too few values."""
     if not values:
         return float("nan"), float("nan"), float("nan")
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, float("nan"), median
-    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return mean, (variance / len(values)) ** 0.5, median
+    se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan")
+    return statistics.fmean(values), se, statistics.median(values)
 
 
 def main(argv: list[str] | None = None) -> int:
