@@ -53,8 +53,9 @@ def add_jobs_argument(parser: Any) -> None:
     parser.add_argument("--jobs", type=int, default=None,
                         help="processes that train the RL arms side by side and then deal out "
                              "the held-out tasks, each with policy.threads // jobs torch "
-                             "threads; the runs and episodes are the same for any value, "
-                             "up to the learner's rounding "
+                             "threads; the runs and episodes are the same for any value "
+                             "up to the learner's rounding, which can flip a sampled token "
+                             "and send an arm down other rollouts "
                              "(default: 2 on a CPU machine with 2+ cores, 1 with CUDA)")
 
 
