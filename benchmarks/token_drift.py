@@ -48,16 +48,14 @@ def token_logprobs(model: torch.nn.Module, ids: list[int], mask: list[int],
     return chosen[keep]
 
 
-def with_token_ids(trajectories: list, start: str) -> list:
-    """The trajectories, those saved without token ids (held-out play) tokenized with the
-    start policy's chat template; the order is kept."""
+def with_token_ids(trajectories: list, chat) -> list:
+    """The trajectories, those saved without token ids (held-out play) tokenized with `chat`,
+    the start policy's ChatTokenizer; the order is kept."""
     missing = [index for index, t in enumerate(trajectories) if not t.input_ids]
     if not missing:
         return trajectories
     from trainers.data.oracle_data import tokenize_trajectories
-    from trainers.modeling.models import load_tokenizer
 
-    chat = load_tokenizer(start)[1]
     tokenized = tokenize_trajectories([trajectories[i] for i in missing], chat)
     result = list(trajectories)
     for index, trajectory in zip(missing, tokenized):
@@ -101,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     if not trajectories:
         raise SystemExit(f"none of {len(files)} files holds a trajectory with input_ids or "
                          f"messages")
-    trajectories = with_token_ids(trajectories, args.start)
     torch.set_grad_enabled(False)
-    start = load_policy(args.start)[0].eval()
+    start, _, chat = load_policy(args.start)
+    start.eval()
+    trajectories = with_token_ids(trajectories, chat)
     base = [token_logprobs(start, t.input_ids, t.loss_mask, args.temperature)
             for t in trajectories]
     start_p = torch.cat(base).exp()

@@ -52,14 +52,14 @@ def test_held_out_episodes_without_ids_are_tokenized_with_the_start_template_in_
     chat = load_tokenizer("warm-start")[1]
     already = tokenize_trajectories(played[1:2], chat)[0]
     mixed = [played[0], already, played[2]]
-    result = _module().with_token_ids(mixed, "warm-start")
+    result = _module().with_token_ids(mixed, chat)
     assert result[1] is already  # a trajectory with ids is kept as it was
     expected = tokenize_trajectories([played[0], played[2]], chat)
     for got, want, source in zip([result[0], result[2]], expected, [played[0], played[2]]):
         assert got.input_ids == want.input_ids and got.loss_mask == want.loss_mask
         assert got.messages == source.messages and got.outcome == source.outcome
         assert 0 < sum(got.loss_mask) < len(got.input_ids)
-    assert _module().with_token_ids(result, "warm-start") == result  # nothing left to do
+    assert _module().with_token_ids(result, chat) == result  # nothing left to do
 
 
 def test_mean_se_median_of_per_trajectory_changes():
