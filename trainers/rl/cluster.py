@@ -71,7 +71,7 @@ def _start(config: RLConfig, algorithm: Any, backend: Backend, plan: PlacementPl
                     strategy=learner.strategy, threads=config.policy.threads,
                     use_gpu=backend.uses_gpu(learner.gpus_per_learner), seed=config.run.seed,
                     world_size=learner.num_learners, temperature=rollout.temperature,
-                    **learner.model_settings())
+                    rl_world=config.env.world_seed, **learner.model_settings())
     learners = LearnerGroup(WorkerGroup(backend, [WorkerSpec(
         Learner, (config.policy.path, algorithm), {**settings, "rank": rank},
         actor_resources(learner.cpus_per_learner, learner.gpus_per_learner,

@@ -199,6 +199,16 @@ class LearnerConfig:
     lora_targets: tuple[str, ...] = help_field(
         "Module names that get adapters.", ("q_proj", "k_proj", "v_proj", "o_proj",
                                              "gate_proj", "up_proj", "down_proj"))
+    sft_coef: float = help_field(
+        "Weight of an SFT loss mixed into every update (InstructGPT's PPO-ptx): the mean "
+        "token cross-entropy of fresh oracle episodes (sft_config), added to the RL loss to "
+        "keep what the start could do on worlds RL never plays. 0 = off.", 0.0)
+    sft_config: str = help_field(
+        "sft_coef > 0: an SFT config whose data and env sections give the mixed-in oracle "
+        "episodes (its worlds must not include env.world_seed; its model section is not "
+        "used: the policy's own tokenizer and template tokenise them).", "")
+    sft_samples_per_update: int = help_field(
+        "sft_coef > 0: oracle episodes each learner trains on per optimizer update.", 2)
 
     def optimizer_settings(self) -> dict[str, Any]:
         """The Learner's AdamW, warm-up, clipping and micro-batch keyword arguments."""
@@ -212,7 +222,10 @@ class LearnerConfig:
                     dtype=self.dtype, autocast=self.autocast,
                     gradient_checkpointing=self.gradient_checkpointing,
                     lora_rank=self.lora_rank, lora_alpha=self.lora_alpha,
-                    lora_dropout=self.lora_dropout, lora_targets=tuple(self.lora_targets))
+                    lora_dropout=self.lora_dropout, lora_targets=tuple(self.lora_targets),
+                    sft_coef=self.sft_coef, sft_samples_per_update=self.sft_samples_per_update,
+                    # Absolute: a Ray learner's working directory need not be the driver's.
+                    sft_config=str(Path(self.sft_config).resolve()) if self.sft_config else "")
 
 
 @dataclass

@@ -54,6 +54,7 @@ from trainers.modeling.logprobs import PackedRow, policy_token_logprobs
 from trainers.modeling.lora import LoraSettings
 from trainers.modeling.models import load_policy, resolve_dtype
 from trainers.modeling.varlen import pack_lengths
+from trainers.rl.sft_mix import SftMix
 from trainers.rl.strategy import make_strategy
 
 LEARNER_STATE_FILE = "learner.pt"
@@ -130,6 +131,9 @@ class Learner:
         gradient_checkpointing: recompute activations in backward (less memory).
         lora_rank, lora_alpha, lora_dropout, lora_targets: LoRA adapters through peft
             (rank 0 = full fine-tuning; trainers.modeling.lora).
+        sft_coef, sft_config, sft_samples_per_update, rl_world: an SFT loss on the oracle
+            episodes of `sft_config` mixed into every update (trainers.rl.sft_mix; sft_coef
+            0 = off); rl_world is the world RL plays, which the mix must not use.
     """
 
     def __init__(self, policy_path: str, algorithm: Any, *, lr: float,
@@ -142,7 +146,8 @@ class Learner:
                  temperature: float = 1.0, dtype: str = "float32", autocast: str = "off",
                  gradient_checkpointing: bool = False, lora_rank: int = 0,
                  lora_alpha: float = 16.0, lora_dropout: float = 0.0,
-                 lora_targets: tuple[str, ...] | None = None):
+                 lora_targets: tuple[str, ...] | None = None, sft_coef: float = 0.0,
+                 sft_config: str = "", sft_samples_per_update: int = 2, rl_world: int = -1):
         if autocast not in ("off", "bfloat16"):
             raise ValueError(f"autocast must be 'off' or 'bfloat16', got {autocast!r}")
         if temperature <= 0:
@@ -191,6 +196,15 @@ class Learner:
         self.micro_batch_size = micro_batch_size
         self.packing, self.micro_batch_tokens = packing, micro_batch_tokens
         self.updates = 0
+        self.sft_mix = None
+        if sft_coef > 0:
+            if not sft_config:
+                raise ValueError("learner.sft_coef > 0 needs learner.sft_config (an SFT config "
+                                 "whose data section gives the mixed-in oracle episodes)")
+            self.sft_mix = SftMix.from_config(
+                sft_config, self.chat, rl_world=rl_world, coef=sft_coef,
+                samples_per_update=sft_samples_per_update, seed=seed, rank=rank,
+                world_size=world_size, pad_id=self.tokenizer.pad_token_id or 0)
         self._weight_sync: Any = None  # the weight-broadcast group (sync.method: broadcast)
         if world_size > 1 and master:
             self.join(master)
@@ -258,6 +272,11 @@ class Learner:
             # learner group's sum over learners is the batch-weighted mean.
             parts.append({key: float(value) if key in EXTREME_METRICS else float(value) * share
                           for key, value in micro_metrics.items()})
+        if self.sft_mix is not None:
+            # This learner's share of the draw's mean token cross-entropy (shares sum to it).
+            parts.append({"sft_loss": self.sft_mix.backward(
+                self.model, self.updates, self.device, scale=self.strategy.loss_scale,
+                autocast=self._autocast)})
         self.strategy.reduce_gradients(self.model)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self._trained_parameters(), self.grad_clip if self.grad_clip > 0 else float("inf"))
