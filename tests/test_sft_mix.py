@@ -3,6 +3,7 @@ oracle samples each update draws, the gradient it adds, and a learner that train
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -148,3 +149,29 @@ def test_a_learner_with_the_mix_learns_the_oracle_episodes_when_rewards_give_no_
     losses = [learner.update(batch, totals)["sft_loss"] for _ in range(5)]
     assert losses[0] > 0
     assert losses[-1] < 0.9 * losses[0], losses
+
+
+def test_an_rl_run_trains_with_the_mix_and_refuses_episodes_of_its_own_world(
+        tmp_path, monkeypatch, policy_dir):
+    """Through the driver: a relative learner.sft_config is found from the working
+    directory, every step logs the mix's loss, and a mix on RL's own world stops the run
+    before any rollout, naming the world."""
+    from tests.test_rl_driver import WORLD, small_config
+    from trainers.rl.driver import train
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mix.yaml").write_text(MIX_YAML.format(episodes=2, worlds="[37]"))
+    config = small_config(policy_dir, tmp_path / "run", steps=1)
+    config.learner = dataclasses.replace(config.learner, sft_coef=0.5, sft_config="mix.yaml",
+                                         sft_samples_per_update=1)
+    config.eval = dataclasses.replace(config.eval, before=False, after=False)
+    result = train(config)
+    assert [h["step"] for h in result.history] == [0]
+    assert result.history[0]["sft_loss"] > 0
+    (tmp_path / "own.yaml").write_text(MIX_YAML.format(episodes=2,
+                                                       worlds=f"[{WORLD['world_seed']}]"))
+    config.learner = dataclasses.replace(config.learner, sft_config="own.yaml")
+    config.run = dataclasses.replace(config.run, output_dir=str(tmp_path / "refused"))
+    with pytest.raises(ValueError, match=f"include RL's world {WORLD['world_seed']}"):
+        train(config)
+    assert not (tmp_path / "refused" / "metrics.jsonl").exists()

@@ -71,7 +71,10 @@ def _start(config: RLConfig, algorithm: Any, backend: Backend, plan: PlacementPl
                     strategy=learner.strategy, threads=config.policy.threads,
                     use_gpu=backend.uses_gpu(learner.gpus_per_learner), seed=config.run.seed,
                     world_size=learner.num_learners, temperature=rollout.temperature,
-                    rl_world=config.env.world_seed, **learner.model_settings())
+                    # The synthetic world RL plays, which the SFT mix must not use (-1:
+                    # RL plays a QA set or corpus, where world seeds mean nothing).
+                    rl_world=config.env.world_seed if config.env.world == "synthetic" else -1,
+                    **learner.model_settings())
     learners = LearnerGroup(WorkerGroup(backend, [WorkerSpec(
         Learner, (config.policy.path, algorithm), {**settings, "rank": rank},
         actor_resources(learner.cpus_per_learner, learner.gpus_per_learner,
