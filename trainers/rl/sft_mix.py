@@ -3,7 +3,7 @@
     mix = SftMix.from_config("benchmarks/configs/learning_check_sft_mix.yaml", chat,
                              rl_world=0, coef=0.5, samples_per_update=2, seed=0,
                              rank=0, world_size=1, pad_id=tokenizer.pad_token_id)
-    loss_sum = mix.backward(model, update=7, device=device, scale=1.0, autocast=...)
+    sft_loss = mix.backward(model, update=7, device=device)  # adds coef x CE to .grad
 
 Each learner builds the same oracle samples (the SFT config's data and env sections,
 tokenised with the policy's own chat template), so every learner knows the whole draw of
