@@ -172,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     rl_arms = [arm for arm in args.arms if arm != SFT_ARM]
     if SFT_ARM in args.arms:
         check_sft_arm(args, base.env.world_seed, "igpo" in rl_arms, held_out_world)
+    if base.learner.sft_coef > 0:
+        check_sft_worlds(base.learner.sft_config, "the SFT loss mixed into RL",
+                         base.env.world_seed, args.validation_world, held_out_world)
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     print(f"start: {base.policy.path}; {', '.join(args.arms) or 'nothing trained here'}: "
@@ -337,19 +340,26 @@ def check_sft_arm(args: argparse.Namespace, rl_world: int, igpo_trained_here: bo
                   held_out_world: int | None = None) -> None:
     """Refuse an sft arm that would train on a world RL or the evaluation plays, or that has
     no time budget (IGPO trained elsewhere and no --sft-seconds), before anything runs."""
-    from trainers.sft.config import load_config
-
     if args.sft_seconds is None and not igpo_trained_here:
         raise SystemExit("the sft arm gets the IGPO arm's wall time, but IGPO is not trained "
                          "in this run: give --sft-seconds")
     if args.sft_seconds is not None and not args.sft_seconds > 0:
         raise SystemExit(f"--sft-seconds must be > 0, got {args.sft_seconds}")
-    config = load_config(args.sft_config)
-    worlds = set(config.data.world_seeds or [config.env.world_seed])
-    played = {args.validation_world, rl_world if held_out_world is None else held_out_world}
+    check_sft_worlds(args.sft_config, "the sft arm", rl_world, args.validation_world,
+                     held_out_world)
+
+
+def check_sft_worlds(sft_config: str, what: str, rl_world: int, validation_world: int,
+                     held_out_world: int | None = None) -> None:
+    """Refuse SFT data (the sft arm's, or the SFT loss mixed into RL: learner.sft_config)
+    from a world RL or the evaluation plays."""
+    from trainers.sft.config import load_config
+
+    worlds = set(load_config(sft_config).oracle_worlds())
+    played = {validation_world, rl_world if held_out_world is None else held_out_world}
     clash = worlds & ({rl_world} | played)
     if clash:
-        raise SystemExit(f"{args.sft_config}: the sft arm's worlds {sorted(worlds)} include "
+        raise SystemExit(f"{sft_config}: {what}'s worlds {sorted(worlds)} include "
                          f"{sorted(clash)}, which RL (world {rl_world}) or the evaluation "
                          f"(worlds {sorted(played)}) plays: pick others")
 

@@ -104,6 +104,16 @@ def test_an_sft_arm_on_a_world_rl_or_the_evaluation_plays_is_refused(learning_ch
                                      held_out_world=held_out_world)
 
 
+def test_an_sft_loss_mixed_into_rl_from_a_played_world_is_refused(learning_check, tmp_path):
+    """learner.sft_config's episodes must come from worlds neither RL nor the evaluation
+    plays, like the sft arm's; the shipped mix's worlds 37-44 pass."""
+    mix = str(learning_check.REPO / "benchmarks" / "configs" / "learning_check_sft_mix.yaml")
+    learning_check.check_sft_worlds(mix, "the SFT loss mixed into RL", 0, 45)
+    bad = _sft_args(learning_check, tmp_path, worlds="[37, 45]").sft_config
+    with pytest.raises(SystemExit, match=r"the SFT loss mixed into RL's worlds .* include \[45\]"):
+        learning_check.check_sft_worlds(bad, "the SFT loss mixed into RL", 0, 45)
+
+
 def test_an_sft_arm_needs_a_budget(learning_check, tmp_path):
     learning_check.check_sft_arm(_sft_args(learning_check, tmp_path), 0, True)  # IGPO's time
     learning_check.check_sft_arm(_sft_args(learning_check, tmp_path, "--sft-seconds", "60"),

@@ -83,7 +83,7 @@ class SftMix:
         from trainers.sft.pipeline import build_samples
 
         config = load_config(config_path)
-        worlds = set(config.data.world_seeds) or {config.env.world_seed}
+        worlds = set(config.oracle_worlds())
         if rl_world in worlds:
             raise ValueError(f"learner.sft_config {config_path}: its worlds {sorted(worlds)} "
                              f"include RL's world {rl_world}; give the mix other worlds")

@@ -289,6 +289,11 @@ class SFTExperimentConfig:
                              "env.world as a QA JSONL with paragraphs (backend 'corpus'), or "
                              "give data.jsonl (trajectories written elsewhere)")
 
+    def oracle_worlds(self) -> tuple[int, ...]:
+        """The synthetic worlds the oracle data comes from: data.world_seeds, or the
+        environment's own world."""
+        return tuple(self.data.world_seeds) or (self.env.world_seed,)
+
     def env_kwargs(self) -> dict[str, Any]:
         return self.env.kwargs()
 
