@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainers.evaluation.stats import bootstrap_se  # noqa: E402
+from trainers.evaluation.stats import bootstrap_se, z_score  # noqa: E402
 
 START, IGPO = "start", "igpo"
 
@@ -62,9 +62,7 @@ class Change:
 
     @property
     def z(self) -> float:
-        if self.se > 0:
-            return self.diff / self.se
-        return 0.0 if self.diff == 0 else math.copysign(math.inf, self.diff)
+        return z_score(self.diff, self.se)
 
 
 def load_run(path: Path) -> CheckRun:

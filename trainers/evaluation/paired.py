@@ -39,7 +39,7 @@ from typing import Any
 
 from trainers.evaluation.evaluate import Evaluation, turn_counts
 from trainers.evaluation.metrics import answered, browse_ratio, outcome
-from trainers.evaluation.stats import bootstrap_se
+from trainers.evaluation.stats import bootstrap_se, z_score
 from trainers.trajectory import Trajectory
 
 Group = Sequence[Trajectory]
@@ -94,9 +94,7 @@ class Difference:
 
     @property
     def z(self) -> float:
-        if self.diff_se > 0:
-            return self.diff / self.diff_se
-        return 0.0 if self.diff == 0 else math.copysign(math.inf, self.diff)
+        return z_score(self.diff, self.diff_se)
 
     @property
     def worse(self) -> bool:

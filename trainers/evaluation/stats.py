@@ -100,6 +100,13 @@ def bootstrap_se(clusters: Sequence[Cluster],
     return float(np.std(finite, ddof=1))
 
 
+def z_score(diff: float, se: float) -> float:
+    """diff / se; with se 0 a nonzero diff is +-inf (no noise at all) and a zero one 0."""
+    if se > 0:
+        return diff / se
+    return 0.0 if diff == 0 else math.copysign(math.inf, diff)
+
+
 def finite_or_none(value: Any) -> float | None:
     """A float for JSON reports: NaN / inf / non-numbers become None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -108,4 +115,4 @@ def finite_or_none(value: Any) -> float | None:
 
 
 __all__ = ["DEFAULT_BOOTSTRAP_SAMPLES", "bootstrap_se", "finite_or_none", "mean_of_cluster_means",
-           "mean_pass_at_k", "pass_at_k"]
+           "mean_pass_at_k", "pass_at_k", "z_score"]
