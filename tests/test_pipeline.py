@@ -26,12 +26,12 @@ CONFIGS = REPO / "examples" / "configs"
 
 
 def rl_config_paths() -> list[Path]:
-    """The demo's RL config and every RL config under examples/configs (the files with a
-    `rollout` section)."""
-    examples = sorted(path for path in CONFIGS.glob("*.yaml")
-                      if "rollout" in (yaml.safe_load(path.read_text()) or {}))
-    return [Path(DEFAULT_RL_CONFIG), REPO / "benchmarks" / "configs" / "learning_check_igpo.yaml",
-            *examples]
+    """The demo's RL config and every RL config under examples/configs and
+    benchmarks/configs (the files with a `rollout` section)."""
+    found = sorted(path for folder in (CONFIGS, REPO / "benchmarks" / "configs")
+                   for path in folder.glob("*.yaml")
+                   if "rollout" in (yaml.safe_load(path.read_text()) or {}))
+    return [Path(DEFAULT_RL_CONFIG), *found]
 
 
 RL_CONFIGS = rl_config_paths()
@@ -40,7 +40,22 @@ RL_CONFIGS = rl_config_paths()
 def test_the_example_rl_configs_are_all_found():
     names = {path.name for path in RL_CONFIGS}
     assert {"compare_rl.yaml", "cluster_igpo_vllm.yaml", "smollm2_igpo.yaml",
-            "qwen3_igpo_gpu.yaml", "gpu_igpo_qwen3_0p5b.yaml"} <= names
+            "qwen3_igpo_gpu.yaml", "gpu_igpo_qwen3_0p5b.yaml", "learning_check_igpo.yaml",
+            "fit_check_igpo.yaml", "learning_check_igpo_lora.yaml"} <= names
+
+
+def test_the_lora_learning_check_differs_from_the_shipped_one_only_in_its_update():
+    """The LoRA variant answers one question (does a low-rank update forget less?), so it
+    must stay the shipped check in everything but the learner's LoRA settings and rate."""
+    configs = REPO / "benchmarks" / "configs"
+    shipped = yaml.safe_load((configs / "learning_check_igpo.yaml").read_text())
+    lora = yaml.safe_load((configs / "learning_check_igpo_lora.yaml").read_text())
+    assert {key: value for key, value in lora.items() if key != "learner"} == \
+        {key: value for key, value in shipped.items() if key != "learner"}
+    changed = {key for key in lora["learner"].keys() | shipped["learner"].keys()
+               if lora["learner"].get(key) != shipped["learner"].get(key)}
+    assert changed == {"lr", "lora_rank", "lora_alpha"}
+    assert lora["learner"]["lora_rank"] > 0
 
 
 @pytest.mark.parametrize("path", RL_CONFIGS, ids=lambda path: path.stem)
