@@ -6,6 +6,7 @@
     python benchmarks/learning_check.py --arms --trained igpo=DIR placebo=DIR --eval-temperature 0.5
     python benchmarks/learning_check.py --arms --trained igpo@16=RUN/igpo/checkpoint-000016/policy
     python benchmarks/learning_check.py --seed 1 --arms placebo --train-only --output runs/lc1
+    python benchmarks/learning_check.py --seed 2 --set algorithm.options.loss.kl_coef=0.01
 
 From the packaged warm start (`warm-start`, trainers/warm_start/README.md, or --policy):
 
@@ -121,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
                              "the RL world, env.world_seed; another one makes both sets "
                              "worlds RL never played)")
     parser.add_argument("--config", default=str(DEFAULT_CONFIG))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a dotted override of the RL config, as after `venus-gym rl "
+                             "--config`, e.g. --set algorithm.options.loss.kl_coef=0.01 "
+                             "(repeatable; every arm gets it)")
     parser.add_argument("--sft-config", default=str(DEFAULT_SFT_CONFIG),
                         help="the sft arm's SFT config (its model is replaced by the start)")
     parser.add_argument("--sft-seconds", type=float, default=None,
@@ -144,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainers.rl.config import load_rl_config
     from trainers.run_log import read_metrics
 
-    base = load_rl_config(args.config)
+    base = load_rl_config(args.config, args.set)
     if args.policy:
         base.policy.path = args.policy
     if args.steps:
@@ -181,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{base.run.steps} steps x "
           f"{base.rollout.queries_per_step} queries x G={base.rollout.group_size}, lr "
           f"{base.learner.lr}, temperature {base.rollout.temperature} (evaluation "
-          f"{eval_temperature}), seed {args.seed}", flush=True)
+          f"{eval_temperature}), seed {args.seed}"
+          + (f"; overrides {' '.join(args.set)}" if args.set else ""), flush=True)
 
     trained = parse_trained(args.trained, args.arms)
     finals, seconds, histories = train_arms(base, rl_arms, args.seed, output, jobs=jobs)
@@ -248,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     (output / "results.md").write_text(text)
     (output / "results.json").write_text(json.dumps({
         "seed": args.seed, "steps": base.run.steps, "lr": base.learner.lr, "k": args.k,
+        "config": args.config, "overrides": args.set,
         "temperature": base.rollout.temperature, "eval_temperature": eval_temperature,
         "tasks": tasks, "tables": {t: {m: d.as_dict() for m, d in table.items()}
                                    for t, table in tables.items()},
