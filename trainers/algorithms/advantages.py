@@ -217,3 +217,61 @@ def rloo_advantages(outcome: torch.Tensor, group_ids: torch.Tensor) -> torch.Ten
     others = (count[group] - 1).clamp(min=1)
     leave_one_out_mean = (total[group] - outcome) / others
     return torch.where(count[group] > 1, outcome - leave_one_out_mean, torch.zeros_like(outcome))
+
+
+def shared_context_baseline(advantages: torch.Tensor, input_ids: torch.Tensor,
+                            lengths: torch.Tensor, loss_mask: torch.Tensor,
+                            group_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token advantages less a leave-one-out baseline over the rows that share the token's
+    context.
+
+    advantages: [B, L] float (0 off the policy tokens); input_ids: [B, L] int64;
+    lengths: [B] real tokens per row; loss_mask: [B, L] bool (the policy tokens);
+    group_ids: [B] int64. Returns [B, L] float32 and diagnostics.
+
+    Within a group, policy token p of row i has the context input_ids[i, :p]. The rows j of
+    its group whose first p tokens are the same, and for which p is a policy token too,
+    were in the same state when they chose token p; with them,
+    A'[i, p] = A[i, p] - mean_j A[j, p] (the others only: the baseline does not depend on
+    row i's own choice, so the policy gradient stays unbiased). Where no other row shares
+    the context, A' = A. Over the rows sharing a context, A' sums to zero: a context where
+    the group made no choice (identical prefixes; at a low temperature often a whole first
+    turn, or whole identical trajectories) gets no net push, whatever the algorithm's
+    per-turn returns gave it, and the credit lands where the rows parted. Zero-sum
+    sequence-level advantages (GRPO, RLOO) are only rescaled at the contexts every row
+    shares (by G / (G - 1), RLOO's leave-one-out).
+
+    Metrics: `shared_context_token_fraction`, the share of policy tokens whose context
+    another row shares; `shared_context_mean_advantage_abs`, the mean over those tokens of
+    |mean advantage of the rows sharing the context, the row included| before the baseline
+    (0 when the algorithm's advantages already cancel there).
+    """
+    out = advantages.float().clone()
+    mask = loss_mask.bool()
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    shared_tokens, bias_sum = 0, 0.0
+    for group in torch.unique(group_ids):
+        rows = (group_ids == group).nonzero().flatten()
+        if len(rows) < 2:
+            continue
+        ids, row_mask, values = input_ids[rows], mask[rows], out[rows]
+        n = lengths[rows].to(positions.device)
+        # common[i, j]: how many leading tokens rows i and j share (within both real lengths)
+        within = positions[None, None, :] < torch.minimum(n[:, None], n[None, :])[:, :, None]
+        differs = ~((ids[:, None, :] == ids[None, :, :]) & within)
+        common = torch.where(differs.any(-1), differs.int().argmax(-1),
+                             torch.full_like(n[:, None].expand(-1, len(rows)), ids.shape[1]))
+        # shares[i, j, p]: row j chose its token p in row i's state (same first p tokens)
+        shares = (positions[None, None, :] <= common[:, :, None]) & row_mask[None, :, :]
+        others = shares & ~torch.eye(len(rows), dtype=torch.bool,
+                                     device=shares.device)[:, :, None]
+        count = others.sum(1)                                         # [G, L]
+        total = (others * values[None, :, :]).sum(1)
+        has_others = row_mask & (count > 0)
+        out[rows] = torch.where(has_others, values - total / count.clamp(min=1), values)
+        shared_tokens += int(has_others.sum())
+        bias_sum += float(((total + values) / (count + 1)).abs()[has_others].sum())
+    policy_tokens = int(mask.sum())
+    metrics = {"shared_context_token_fraction": shared_tokens / max(1, policy_tokens),
+               "shared_context_mean_advantage_abs": bias_sum / max(1, shared_tokens)}
+    return torch.where(mask, out, torch.zeros_like(out)), metrics

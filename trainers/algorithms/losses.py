@@ -19,6 +19,14 @@ agg is token-mean (default: sum over all policy tokens of the batch / their coun
 seq-mean (mean over trajectories of each trajectory's token mean; "seq-mean-token-mean" is
 verl's name for the same).
 
+Shared-context baseline (`shared_context_baseline`, off by default): before the loss, each
+policy token's advantage loses the mean advantage of the other rows of its group that chose
+a token in the same context (trainers.algorithms.advantages.shared_context_baseline, applied
+by Algorithm.weighted_advantages). Why an option: IGPO's per-turn discounted returns do not
+sum to zero over a group, so a first turn that all G rollouts wrote alike (at a low
+temperature, often) is pushed up or down as a whole although the group chose nothing there;
+a random-sign placebo pushes such shared contexts at random.
+
 Turn weight cap (`turn_weight_cap: n`): the policy-gradient term of a turn with m > n
 policy tokens has each token weighted n / m, so a turn counts as at most n tokens (the
 denominators stay the token / trajectory counts, so the learners' loss shares do not
@@ -76,6 +84,12 @@ class LossConfig:
     copy_ngram: int = field(default=3, metadata={
         "help": "a policy token is a copy when the copy_ngram tokens ending at it occur in "
                 "its context's environment tokens; a span's first copy_ngram - 1 tokens stay"})
+    shared_context_baseline: bool = field(default=False, metadata={
+        "help": "subtract from each policy token's advantage the mean advantage of the other "
+                "rows of its group that chose a token in the same context (the same prefix "
+                "of token ids): contexts where the group made no choice get no net push "
+                "(trainers.algorithms.advantages.shared_context_baseline); False = the "
+                "papers' advantages"})
     kl_coef: float = field(default=0.001, metadata={
         "help": "weight of the k3 KL to the reference policy; 0 skips it (no ref log-probs)"})
     kl_max: float | None = field(default=None, metadata={

@@ -49,6 +49,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 
+from trainers.algorithms.advantages import shared_context_baseline
 from trainers.algorithms.copying import copied_tokens
 from trainers.algorithms.losses import LossConfig, ppo_loss, turn_token_weights
 from trainers.algorithms.rewards import (
@@ -221,11 +222,17 @@ class Algorithm:
         raise NotImplementedError
 
     def weighted_advantages(self, batch: RolloutBatch, rewards: TurnRewards) -> Advantages:
-        """`advantages`, then the loss config's copied_token_weight on the tokens that
-        continue a copied span (trainers.algorithms.copying); what the RL step calls. The
-        whole step's batch is needed: its rows' shared prefix is the system prompt."""
+        """`advantages`, then the loss config's shared-context baseline
+        (trainers.algorithms.advantages.shared_context_baseline) and its copied_token_weight
+        on the tokens that continue a copied span (trainers.algorithms.copying); what the RL
+        step calls. The whole step's batch is needed: groups for the baseline, and its rows'
+        shared prefix (the system prompt) for the copies."""
         tokens, metrics = self.advantages(batch, rewards)
         loss = self.config.loss
+        if loss.shared_context_baseline:
+            tokens, baseline_metrics = shared_context_baseline(
+                tokens, batch.input_ids, batch.lengths, batch.loss_mask, batch.group_ids)
+            metrics = {**metrics, **baseline_metrics}
         if loss.copied_token_weight == 1.0:
             return Advantages(tokens, metrics)
         copied = copied_tokens(batch, loss.copy_ngram)
