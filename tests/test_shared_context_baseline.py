@@ -166,3 +166,24 @@ def test_weighted_advantages_apply_it_only_when_asked(placebo):
     expected, _ = baseline(batch, plain)
     assert torch.allclose(centred, expected)
     assert not torch.allclose(centred, plain)
+
+
+def test_a_malformed_turn_is_never_raised_above_zero_or_its_own_advantage():
+    # rows 0 and 1 begin their first turn alike; row 1's turn turns out malformed and carries
+    # a penalty (A < 0) while row 0's valid turn has a lower advantage still: the baseline
+    # alone would make row 1's shared tokens positive
+    rows = [record([([10, 11, 12], [7]), ([20, 2], [])]),
+            record([([10, 11, 13], [7]), ([20, 2], [])])]
+    rows[1].turn_format_ok[0] = False
+    batch = collate(rows)
+    raw = per_token(batch, [-3.0, -1.0])
+    algorithm = make_algorithm("grpo", PolicyGradientConfig(
+        loss=LossConfig(shared_context_baseline=True)))
+    algorithm.advantages = lambda batch, rewards: (raw, {})
+    centred, _ = algorithm.weighted_advantages(batch, outcome_rewards(batch))
+    plain, _ = baseline(batch, raw)
+    first_turn = batch.turn_index == 0
+    assert (plain[1][first_turn[1]][:2] > 0).all()          # what the clamp prevents
+    assert (centred[1][first_turn[1]] <= 0).all()
+    assert torch.equal(centred[0], plain[0])                 # the valid row keeps its baseline
+    assert torch.equal(centred[1][~first_turn[1]], plain[1][~first_turn[1]])
