@@ -7,29 +7,22 @@ import random
 import pytest
 import torch
 
+from tests.test_copying import SYSTEM
+from tests.test_copying import record as copying_record
 from trainers.algorithms import make_algorithm
 from trainers.algorithms.advantages import shared_context_baseline
 from trainers.algorithms.losses import LossConfig
 from trainers.algorithms.registry import PolicyGradientConfig
 from trainers.algorithms.rewards import outcome_rewards
-from trainers.batch import TrajectoryRecord, collate
+from trainers.batch import collate
 
-PROMPT = [1, 40, 41, 2]
+QUESTION = [40, 41]
+PROMPT = SYSTEM + QUESTION
 
 
 def record(turns, group_id=0, outcome=1.0):
     """PROMPT, then per turn (policy tokens, env reply tokens)."""
-    ids, mask, turn_index, ends = list(PROMPT), [0] * len(PROMPT), [-1] * len(PROMPT), []
-    for t, (policy, reply) in enumerate(turns):
-        ids += policy + reply
-        mask += [1] * len(policy) + [0] * len(reply)
-        turn_index += [t] * len(policy) + [-1] * len(reply)
-        ends.append(len(ids))
-    return TrajectoryRecord(input_ids=ids, loss_mask=mask, turn_index=turn_index,
-                            turn_ends=ends, question_end=len(PROMPT),
-                            turn_kinds=["search"] * (len(turns) - 1) + ["answer"],
-                            turn_format_ok=[True] * len(turns), group_id=group_id,
-                            outcome=outcome)
+    return copying_record(QUESTION, turns, group_id=group_id, outcome=outcome)
 
 
 def per_token(batch, row_values):
