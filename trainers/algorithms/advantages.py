@@ -221,13 +221,20 @@ def rloo_advantages(outcome: torch.Tensor, group_ids: torch.Tensor) -> torch.Ten
 
 def shared_context_baseline(advantages: torch.Tensor, input_ids: torch.Tensor,
                             lengths: torch.Tensor, loss_mask: torch.Tensor,
-                            group_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+                            group_ids: torch.Tensor, malformed: torch.Tensor | None = None
+                            ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token advantages less a leave-one-out baseline over the rows that share the token's
     context.
 
     advantages: [B, L] float (0 off the policy tokens); input_ids: [B, L] int64;
     lengths: [B] real tokens per row; loss_mask: [B, L] bool (the policy tokens);
-    group_ids: [B] int64. Returns [B, L] float32 and diagnostics.
+    group_ids: [B] int64; malformed: [B, L] bool, the tokens of malformed turns (or None).
+    Returns [B, L] float32 and diagnostics.
+
+    A malformed turn can begin like a valid turn of another row; there the baseline never
+    raises its tokens above max(0, their own advantage), so IGPO's format isolation (a
+    malformed turn's advantage is never positive) still holds (without this, seed 0 of the
+    learning check collapsed a token at a step with 67% malformed turns).
 
     Within a group, policy token p of row i has the context input_ids[i, :p]. The rows j of
     its group whose first p tokens are the same, and for which p is a policy token too,
@@ -271,6 +278,8 @@ def shared_context_baseline(advantages: torch.Tensor, input_ids: torch.Tensor,
         out[rows] = torch.where(has_others, values - total / count.clamp(min=1), values)
         shared_tokens += int(has_others.sum())
         bias_sum += float(((total + values) / (count + 1)).abs()[has_others].sum())
+    if malformed is not None:
+        out = torch.where(malformed, torch.minimum(out, advantages.float().clamp(min=0.0)), out)
     policy_tokens = int(mask.sum())
     metrics = {"shared_context_token_fraction": shared_tokens / max(1, policy_tokens),
                "shared_context_mean_advantage_abs": bias_sum / max(1, shared_tokens)}

@@ -49,7 +49,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 
-from trainers.algorithms.advantages import shared_context_baseline
+from trainers.algorithms.advantages import broadcast_turn_advantages, shared_context_baseline
 from trainers.algorithms.copying import copied_tokens
 from trainers.algorithms.losses import LossConfig, ppo_loss, turn_token_weights
 from trainers.algorithms.rewards import (
@@ -230,15 +230,12 @@ class Algorithm:
         tokens, metrics = self.advantages(batch, rewards)
         loss = self.config.loss
         if loss.shared_context_baseline:
-            centred, baseline_metrics = shared_context_baseline(
-                tokens, batch.input_ids, batch.lengths, batch.loss_mask, batch.group_ids)
-            # A malformed turn may share its first tokens with a valid turn of another row;
-            # the baseline must not raise it above its own advantage or above zero (IGPO's
-            # format isolation keeps malformed turns at A <= 0; without this clamp, seed 0
-            # of the learning check collapsed a token at a step with 67% malformed turns).
-            malformed = _malformed_tokens(batch)
-            tokens = torch.where(malformed, torch.minimum(centred, tokens.clamp(min=0.0)),
-                                 centred)
+            bad_turns = (batch.turn_valid & ~batch.turn_format_ok).float()
+            malformed = broadcast_turn_advantages(bad_turns, batch.turn_index,
+                                                  batch.loss_mask.bool()) > 0
+            tokens, baseline_metrics = shared_context_baseline(
+                tokens, batch.input_ids, batch.lengths, batch.loss_mask, batch.group_ids,
+                malformed)
             metrics = {**metrics, **baseline_metrics}
         if loss.copied_token_weight == 1.0:
             return Advantages(tokens, metrics)
@@ -266,13 +263,6 @@ class Algorithm:
                                  engine_logprobs=batch.engine_logprobs, entropy=entropy,
                                  token_weights=weights)
         return loss, metrics
-
-
-def _malformed_tokens(batch: RolloutBatch) -> torch.Tensor:
-    """[B, L] bool: the policy tokens of turns that are not format-valid."""
-    bad_turn = batch.turn_valid & ~batch.turn_format_ok                      # [B, T]
-    turn = batch.turn_index.clamp(min=0)
-    return batch.loss_mask.bool() & (batch.turn_index >= 0) & bad_turn.gather(1, turn)
 
 
 def placebo_signs(batch: RolloutBatch, seed: int) -> torch.Tensor:
