@@ -73,8 +73,11 @@ def test_chat_streams_turns_and_ends_cleanly_on_ctrl_c(tmp_path):
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         # As a terminal's shell starts a program: SIGINT at its default. A background job of a
         # non-interactive shell (`pytest ... &`) inherits SIGINT ignored, and Python then
-        # installs no KeyboardInterrupt handler, so Ctrl-C would do nothing.
+        # installs no KeyboardInterrupt handler, so Ctrl-C would do nothing. A runner that
+        # blocks SIGINT passes the blocked mask on through fork and exec: the signal would wait
+        # pending forever. A terminal starts its shell with nothing blocked.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     child = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(qa)],
