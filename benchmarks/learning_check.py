@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                                  groups_per_call=args.groups_per_call, seconds=seconds,
                                  jobs=jobs)
     seconds["total"] = time.perf_counter() - started_all
+    save_played(runs, output / "played")  # first: the episodes outlive any report error
     tasks = len(runs["start"].per_task)
     lines = report_lines(
         f"Learning check, seed {args.seed}",
@@ -239,7 +240,6 @@ def main(argv: list[str] | None = None) -> int:
               "(a copy or choice error at the end) or none did (the search or the chain "
               "went astray):", "", *failure_lines(failures)]
     outcomes = task_outcomes(runs)
-    save_played(runs, output / "played")
     lines += ["", f"## Tasks by outcome over their k={args.k} samples", "",
               "| policy | all solved | none | mixed |", "| --- | ---: | ---: | ---: |"]
     for name, per_task in outcomes["outcomes"].items():

@@ -188,7 +188,9 @@ def train_sft_arm(start: str, config_path: str | Path, seconds: float, seed: int
 def step_table(histories: dict[str, list[dict[str, float]]],
                keys: tuple[str, ...] = ("accuracy", "format_error_rate", "kl", "entropy")
                ) -> list[str]:
-    """Markdown: the arms' training metrics step by step."""
+    """Markdown: the arms' training metrics step by step (at least one arm)."""
+    if not histories:
+        raise ValueError("step_table needs at least one arm's training history")
     arms = list(histories)
     head = "| step | " + " | ".join(f"{arm} {key}" for arm in arms for key in keys) + " |"
     lines = [head, "|---" * (1 + len(arms) * len(keys)) + "|"]
@@ -341,8 +343,9 @@ def report_lines(title: str, intro: str, histories: dict[str, list[dict[str, flo
     """The check's results.md: the training table, then one paired table per comparison."""
     from trainers.evaluation.paired import comparison_lines
 
-    lines = [f"# {title}", "", intro, "", "## Training, step by step", "",
-             *step_table(histories), ""]
+    lines = [f"# {title}", "", intro, ""]
+    if histories:  # an sft-only check, or policies trained elsewhere, has no RL steps
+        lines += ["## Training, step by step", "", *step_table(histories), ""]
     for name, table in tables.items():
         b, a = name.split(" vs ")
         lines += [f"## {name}", "", *comparison_lines(table, a, b), ""]

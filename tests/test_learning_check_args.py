@@ -380,3 +380,23 @@ def test_arms_trained_side_by_side_are_the_runs_trained_one_after_the_other(
     assert resolve_jobs(3) == 3
     with pytest.raises(SystemExit, match="--jobs must be >= 1"):
         resolve_jobs(0)
+
+
+def test_the_report_of_a_check_without_rl_arms_has_its_tables_and_no_training_section(
+        learning_check):
+    """An sft-only check (or one playing policies trained elsewhere, without their logs) has
+    no RL histories: the report still holds every paired table."""
+    from rl_checks import report_lines, step_table
+
+    from trainers.evaluation.paired import Difference
+
+    table = {"pass@1": Difference(0.5, 0.05, 0.55, 0.05, 0.05, 0.02)}
+    lines = report_lines("t", "intro", {}, {"sft vs start": table})
+    text = "\n".join(lines)
+    assert "## sft vs start" in text and "+0.050 ± 0.020" in text
+    assert "Training, step by step" not in text
+    with_history = "\n".join(report_lines("t", "intro", {"igpo": [{"accuracy": 0.25}]},
+                                          {"igpo vs start": table}))
+    assert "Training, step by step" in with_history and "| 0 | 0.250 |" in with_history
+    with pytest.raises(ValueError, match="at least one arm"):
+        step_table({})
