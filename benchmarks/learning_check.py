@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     for arm, path in trained.items():
         finals[arm] = path
         metrics = Path(path).parent / "metrics.jsonl"  # the run's log, when it is there
-        if metrics.is_file():
+        if metrics.is_file() and arm != SFT_ARM:  # an SFT run's log has no RL step metrics
             histories[arm] = read_metrics(metrics)
     env = base.env.kwargs()
     held_out = [HeldOut(f"world {held_out_world} test", {**env, "world_seed": held_out_world},
